@@ -1,0 +1,7 @@
+"""The PettingZoo face of a task."""
+
+from llm_marl.envs.dialogue import Branch, DialogueEnv
+from llm_marl.envs.registry import make, register, registered_ids
+from llm_marl.envs.spaces import Utterance
+
+__all__ = ["Branch", "DialogueEnv", "Utterance", "make", "register", "registered_ids"]

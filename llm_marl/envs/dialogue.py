@@ -1,0 +1,251 @@
+"""DialogueEnv: a cooperative task as a PettingZoo parallel environment.
+
+=====================  ====================================================================
+Agents                 ``task.agents`` (all act at every turn)
+Observation space      :class:`~llm_marl.envs.spaces.Utterance` (any Unicode string)
+Action space           :class:`~llm_marl.envs.spaces.Utterance` (any Unicode string)
+Rewards                one shared float per turn, equal for every agent
+Episode                ``task.num_turns`` turns, or fewer when ``task.is_done`` says so
+Render modes           ``"ansi"`` (the dialogue so far, as text)
+=====================  ====================================================================
+
+``reset(seed=None, options=None)`` picks a dataset row — ``options={"index": i}`` picks row
+``i``, otherwise a row is drawn with the env's seeded RNG — and returns every agent's first
+prompt. ``step(actions)`` takes every live agent's answer (a string), scores the joint answer with
+the task's reward and, unless the episode ends, applies the task's external transition to produce
+the next prompts. When the episode ends, every agent is terminated and removed from ``agents`` in
+the same step, and its final observation is the empty string (the transition is not called after
+the last turn). ``truncations`` are always False: the horizon is part of the task.
+
+Infos: after ``reset`` ``{"turn": 0, "index": i}``; after ``step`` ``{"turn": t, "index": i,
+"reward_details": {...}}`` where ``t`` is the turn that was just played (0-based) and the details
+are what the task's reward returned besides the number.
+
+Branching, for rollout trees: ``fork()`` returns an independent environment in the same state
+(cheap: the task, dataset and immutable history are shared), and ``step_branches(joint_actions)``
+steps one fork per joint answer, scoring them together through the task's batched ``rewards``.
+
+Errors: bad actions (unknown, missing or non-string agents' answers, stepping a finished
+episode) raise ``ValueError``. A task whose reward or transition raises or returns something
+invalid raises :class:`~llm_marl.tasks.base.TaskError` naming the task, item index and turn;
+the environment is left exactly as it was before the failing step.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Mapping, NamedTuple, Sequence
+
+import numpy as np
+from gymnasium.utils import seeding
+from pettingzoo import ParallelEnv
+
+from llm_marl.envs.spaces import Utterance
+from llm_marl.tasks.base import CooperativeTask, TaskError, Turn, check_reward
+
+
+class Branch(NamedTuple):
+    """One stepped fork: the forked env and what its ``step`` returned."""
+
+    env: "DialogueEnv"
+    observations: dict[str, str]
+    rewards: dict[str, float]
+    terminations: dict[str, bool]
+    truncations: dict[str, bool]
+    infos: dict[str, dict[str, Any]]
+
+
+class DialogueEnv(ParallelEnv):
+    """A :class:`~llm_marl.tasks.base.CooperativeTask` played through PettingZoo's parallel API."""
+
+    metadata = {"name": "dialogue_v0", "render_modes": ["ansi"], "render_fps": 1, "is_parallelizable": True}
+
+    def __init__(self, task: CooperativeTask, split: str = "train", render_mode: str | None = None):
+        if render_mode is not None and render_mode not in self.metadata["render_modes"]:
+            raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        if not task.agents or len(set(task.agents)) != len(task.agents):
+            raise ValueError(f"task {task.task_name}: agents must be non-empty and distinct, got {task.agents!r}")
+        if not isinstance(task.num_turns, int) or task.num_turns < 1:
+            raise ValueError(f"task {task.task_name}: num_turns must be an int >= 1, got {task.num_turns!r}")
+        self.task = task
+        self.split = split
+        self.render_mode = render_mode
+        self.metadata = {**self.metadata, "name": f"{task.task_name}_v0"}
+        self.possible_agents = list(task.agents)
+        self.agents: list[str] = []
+        self.data = task.dataset(split)
+        if len(self.data) == 0:
+            raise ValueError(f"task {task.task_name}: split {split!r} has no rows")
+        max_obs = getattr(task, "max_observation_length", 1_000_000)
+        max_act = getattr(task, "max_action_length", 1_000_000)
+        self._observation_spaces = {a: Utterance(max_obs) for a in self.possible_agents}
+        self._action_spaces = {a: Utterance(max_act) for a in self.possible_agents}
+        self._np_random, self._np_random_seed = seeding.np_random(None)
+        self.item_index: int | None = None
+        self.item: Mapping[str, Any] | None = None
+        self.history: tuple[Turn, ...] = ()
+        self._observations: dict[str, str] = {}
+
+    # --- PettingZoo API -------------------------------------------------------------------
+
+    def observation_space(self, agent: str) -> Utterance:
+        return self._observation_spaces[agent]
+
+    def action_space(self, agent: str) -> Utterance:
+        return self._action_spaces[agent]
+
+    @property
+    def turn(self) -> int:
+        """The 0-based index of the turn the agents are about to play."""
+        return len(self.history)
+
+    def reset(self, seed: int | None = None, options: dict[str, Any] | None = None):
+        if seed is not None:
+            self._np_random, self._np_random_seed = seeding.np_random(seed)
+        index = (options or {}).get("index")
+        if index is None:
+            index = int(self._np_random.integers(len(self.data)))
+        elif isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < len(self.data):
+            raise ValueError(f"options['index'] must be an int in [0, {len(self.data)}), got {index!r}")
+        index = int(index)
+        item = self.data[index]
+        self.item_index, self.item, self.history = index, item, ()
+        observations = self._checked_observations(
+            lambda: self.task.initial_observations(item), "initial_observations"
+        )
+        self._observations = observations
+        self.agents = list(self.possible_agents)
+        return dict(observations), {a: {"turn": 0, "index": index} for a in self.agents}
+
+    def step(self, actions: Mapping[str, str]):
+        self._check_actions(actions)
+        [scored] = self._score([actions])
+        return self._advance(actions, *scored)
+
+    def render(self) -> str | None:
+        if self.render_mode is None:
+            return None
+        lines = [f"{self.task.task_name} | split {self.split} | item {self.item_index}"]
+        for t, turn in enumerate(self.history):
+            lines.append(f"--- turn {t} ---")
+            for agent in self.possible_agents:
+                lines.append(f"[{agent}] sees: {turn.observations[agent]}")
+                lines.append(f"[{agent}] says: {turn.actions[agent]}")
+            lines.append(f"reward: {turn.reward:g}")
+        if self.agents:
+            lines.append(f"--- turn {self.turn} (to play) ---")
+            lines.extend(f"[{a}] sees: {self._observations[a]}" for a in self.agents)
+        return "\n".join(lines)
+
+    def close(self) -> None:
+        pass
+
+    # --- branching --------------------------------------------------------------------------
+
+    def fork(self) -> "DialogueEnv":
+        """An independent environment in the same state; stepping it never changes this one."""
+        twin = copy.copy(self)
+        twin.agents = list(self.agents)
+        twin._observations = dict(self._observations)
+        twin._np_random = copy.deepcopy(self._np_random)
+        return twin
+
+    def step_branches(self, joint_actions: Sequence[Mapping[str, str]]) -> list[Branch]:
+        """Step one fork of this state per joint answer; this env is left unchanged.
+
+        The joint answers are scored together by the task's batched ``rewards``.
+        """
+        for actions in joint_actions:
+            self._check_actions(actions)
+        scored = self._score(joint_actions)
+        branches = []
+        for actions, (value, details) in zip(joint_actions, scored):
+            twin = self.fork()
+            branches.append(Branch(twin, *twin._advance(actions, value, details)))
+        return branches
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _where(self) -> str:
+        return f"task {self.task.task_name}, item {self.item_index}, turn {self.turn}"
+
+    def _check_actions(self, actions: Mapping[str, str]) -> None:
+        if not self.agents:
+            raise ValueError("the episode has ended (or reset() was never called); call reset() first")
+        if not isinstance(actions, Mapping):
+            raise ValueError(f"actions must be a dict agent -> str, got {type(actions).__name__}")
+        unknown = [a for a in actions if a not in self.agents]
+        if unknown:
+            raise ValueError(f"actions for unknown or inactive agent(s) {unknown}; live agents are {self.agents}")
+        missing = [a for a in self.agents if a not in actions]
+        if missing:
+            raise ValueError(f"no action for agent(s) {missing} ({self._where()})")
+        for agent in self.agents:
+            action = actions[agent]
+            if not isinstance(action, str):
+                raise ValueError(f"action of agent {agent!r} must be a str, got {type(action).__name__}")
+            if not self._action_spaces[agent].contains(action):
+                raise ValueError(
+                    f"action of agent {agent!r} is {len(action)} characters, over the limit of "
+                    f"{self._action_spaces[agent].max_length}"
+                )
+
+    def _score(self, joint_actions: Sequence[Mapping[str, str]]) -> list[tuple[float, dict[str, Any]]]:
+        where = self._where()
+        frozen = [dict(actions) for actions in joint_actions]
+        try:
+            values = self.task.rewards(self.item, frozen, self.history)
+        except Exception as exc:
+            raise TaskError(f"{where}: reward raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(values, Sequence) or len(values) != len(frozen):
+            raise TaskError(f"{where}: rewards must return one value per joint answer ({len(frozen)}), got {values!r}")
+        checked = []
+        for j, value in enumerate(values):
+            try:
+                checked.append(check_reward(value, where if len(frozen) == 1 else f"{where}, joint answer {j}"))
+            except (TypeError, ValueError) as exc:
+                raise TaskError(str(exc)) from None
+        return checked
+
+    def _checked_observations(self, produce, what: str) -> dict[str, str]:
+        where = self._where()
+        try:
+            observations = produce()
+        except Exception as exc:
+            raise TaskError(f"{where}: {what} raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(observations, Mapping) or set(observations) != set(self.possible_agents):
+            got = sorted(observations) if isinstance(observations, Mapping) else type(observations).__name__
+            raise TaskError(f"{where}: {what} must return one prompt per agent {self.possible_agents}, got {got}")
+        for agent, text in observations.items():
+            if not isinstance(text, str):
+                raise TaskError(f"{where}: {what} gave agent {agent!r} a {type(text).__name__}, not a str")
+        return {a: observations[a] for a in self.possible_agents}
+
+    def _advance(self, actions: Mapping[str, str], value: float, details: dict[str, Any]):
+        turn = Turn(self._observations, {a: actions[a] for a in self.agents}, value, details)
+        history = self.history + (turn,)
+        done = len(history) >= self.task.num_turns
+        if not done:
+            try:
+                done = bool(self.task.is_done(self.item, history))
+            except Exception as exc:
+                raise TaskError(f"{self._where()}: is_done raised {type(exc).__name__}: {exc}") from exc
+        if done:
+            observations = {a: "" for a in self.agents}
+        else:
+            observations = self._checked_observations(
+                lambda: self.task.transition(self.item, dict(turn.actions), history), "transition"
+            )
+        played = self.turn
+        agents = self.agents
+        self.history = history
+        self._observations = observations
+        self.agents = [] if done else list(agents)
+        infos = {a: {"turn": played, "index": self.item_index, "reward_details": dict(details)} for a in agents}
+        return (
+            dict(observations),
+            {a: value for a in agents},
+            {a: done for a in agents},
+            {a: False for a in agents},
+            infos,
+        )

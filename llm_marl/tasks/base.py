@@ -1,0 +1,146 @@
+"""What a task author touches: the cooperative dialogue task.
+
+A task is written once, as a subclass of :class:`CooperativeTask`, and is played through
+:class:`llm_marl.envs.DialogueEnv` (a PettingZoo parallel environment). At every turn each agent
+sees its own observation (a prompt string) and answers with a string; the joint answer earns
+ONE shared reward; the task's external transition turns the joint answer into every agent's next
+observation. A task knows nothing about the learners.
+
+A minimal task::
+
+    class Echo(CooperativeTask):
+        agents = ("a", "b")
+        num_turns = 2
+
+        def dataset(self, split):
+            return datasets.Dataset.from_list([{"word": "hi"}, {"word": "yo"}])
+
+        def initial_observations(self, item):
+            return {agent: f"say {item['word']}" for agent in self.agents}
+
+        def reward(self, item, actions, history):
+            return float(sum(a == item["word"] for a in actions.values()))
+
+        def transition(self, item, actions, history):
+            return {agent: f"you said {actions[agent]!r}, say {item['word']}" for agent in self.agents}
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import numbers
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence
+
+import datasets
+
+Actions = Mapping[str, str]
+
+
+def _frozen(mapping: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    return MappingProxyType(dict(mapping or {}))
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One finished turn: what every agent saw and said, and the shared reward it earned.
+
+    ``observations`` and ``actions`` map agent → text; ``details`` holds whatever the task's
+    reward returned besides the number (e.g. per-level scores, test results). All three are
+    read-only mappings, so a history (a tuple of turns) can be shared by forked environments.
+    """
+
+    observations: Mapping[str, str]
+    actions: Mapping[str, str]
+    reward: float
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "observations", _frozen(self.observations))
+        object.__setattr__(self, "actions", _frozen(self.actions))
+        object.__setattr__(self, "details", _frozen(self.details))
+
+
+History = Sequence[Turn]
+
+
+class CooperativeTask:
+    """Base class of every task.
+
+    Subclasses set ``agents`` (names, in order) and ``num_turns`` (horizon H, >= 1) and implement
+    :meth:`dataset`, :meth:`initial_observations`, :meth:`reward` and :meth:`transition`.
+    ``name`` (default: the class name) is used in error messages and rendering.
+    """
+
+    agents: tuple[str, ...] = ()
+    num_turns: int = 1
+    name: str | None = None
+
+    def dataset(self, split: str) -> datasets.Dataset:
+        """The rows of ``split`` ("train" or "eval"); one row per episode."""
+        raise NotImplementedError
+
+    def initial_observations(self, item: Mapping[str, Any]) -> dict[str, str]:
+        """Every agent's first prompt for dataset row ``item``."""
+        raise NotImplementedError
+
+    def reward(
+        self, item: Mapping[str, Any], actions: Actions, history: History
+    ) -> float | tuple[float, dict[str, Any]]:
+        """The shared reward of the joint answer ``actions``.
+
+        ``history`` holds the turns before this one. Return a float, or ``(float, details)``
+        where ``details`` is kept in the history and in the environment's infos.
+        """
+        raise NotImplementedError
+
+    def rewards(
+        self, item: Mapping[str, Any], joint_actions: Sequence[Actions], history: History
+    ) -> list[float | tuple[float, dict[str, Any]]]:
+        """Rewards of several joint answers to the same state, in order.
+
+        The default calls :meth:`reward` once per joint answer; tasks with expensive rewards
+        (running code, calling a judge) override it to work in parallel.
+        """
+        return [self.reward(item, actions, history) for actions in joint_actions]
+
+    def transition(self, item: Mapping[str, Any], actions: Actions, history: History) -> dict[str, str]:
+        """The external transition: every agent's next prompt after the joint answer ``actions``.
+
+        ``history`` holds every turn so far, the one just played last (its reward and details
+        included). Not called after the final turn.
+        """
+        raise NotImplementedError
+
+    def is_done(self, item: Mapping[str, Any], history: History) -> bool:
+        """Whether the episode ends early after the turns in ``history`` (default: never)."""
+        return False
+
+    @property
+    def task_name(self) -> str:
+        return self.name or type(self).__name__
+
+
+class TaskError(RuntimeError):
+    """A task's own code (reward, transition, observations) failed or returned something invalid.
+
+    The message names the task, the dataset item index and the turn; the original exception, if
+    any, is chained as ``__cause__``.
+    """
+
+
+def check_reward(value: Any, where: str) -> tuple[float, dict[str, Any]]:
+    """Normalize a task's reward to ``(float, details)``; raise naming ``where`` if it is not one."""
+    details: dict[str, Any] = {}
+    if isinstance(value, tuple):
+        if len(value) != 2 or not isinstance(value[1], Mapping):
+            raise TypeError(f"{where}: reward must be a number or (number, dict), got {value!r}")
+        value, details = value[0], dict(value[1])
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{where}: reward must be a real number, got {type(value).__name__} {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise ValueError(f"{where}: reward is {value}, not a finite number")
+    return value, details

@@ -1,0 +1,153 @@
+"""FunctionTask: a task built from the anchor library's plain callables.
+
+Scripts written for CoMLRL describe a task with a dataset, a reward function, one formatter per
+agent and an external transition. ``FunctionTask`` turns those into a
+:class:`~llm_marl.tasks.base.CooperativeTask`, honouring CoMLRL's call conventions:
+
+- ``reward_func(answers_agent_0, answers_agent_1, ...)`` is called once per joint answer with
+  one single-element list per agent, positionally, plus ``batch_items=[item]`` when its
+  signature has that parameter or ``**kwargs``. It returns a list of floats; element 0 is the
+  reward. ``reward_processor`` (float -> float) is applied to it.
+- ``formatters[i](item)`` gives agent i's first prompt. At later turns, unless
+  ``external_prompt_passthrough`` is True, the item's ``"prompt"`` is replaced by the
+  transition's text and the formatter is called as ``formatter(item, external_prompts=text)``
+  when it accepts that keyword (else ``formatter(item)``); with passthrough the transition's text
+  is the prompt verbatim. The reward function always sees the original item.
+- ``external_transition(prompt=item["prompt"], agent_completions=[one text per agent],
+  num_agents=N, prompt_history_per_agent=[[prompts so far] per agent],
+  response_history_per_agent=[[answers so far] per agent]) -> N strings``; the histories include
+  the turn just played. Required when ``num_turns > 1``.
+
+Agents are named ``agent_0 … agent_{N-1}``.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, Mapping, Sequence
+
+import datasets
+
+from llm_marl.tasks.base import CooperativeTask
+
+
+def accepts_keyword(fn: Callable[..., Any], name: str) -> bool:
+    """Whether ``fn`` can be called with keyword ``name`` (named parameter or ``**kwargs``)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+def agent_names(num_agents: int) -> tuple[str, ...]:
+    return tuple(f"agent_{i}" for i in range(num_agents))
+
+
+class FunctionTask(CooperativeTask):
+    """A task from ``reward_func``, ``formatters``, ``external_transition`` and datasets."""
+
+    def __init__(
+        self,
+        reward_func: Callable[..., Sequence[float]],
+        formatters: Callable[[Mapping[str, Any]], str] | Sequence[Callable[..., str]],
+        external_transition: Callable[..., Sequence[str]] | None = None,
+        dataset: datasets.Dataset | Sequence[Mapping[str, Any]] | None = None,
+        num_agents: int = 2,
+        num_turns: int = 1,
+        *,
+        eval_dataset: datasets.Dataset | Sequence[Mapping[str, Any]] | None = None,
+        reward_processor: Callable[[float], float] | None = None,
+        external_prompt_passthrough: bool = False,
+        name: str = "FunctionTask",
+    ):
+        if not callable(reward_func):
+            raise TypeError(f"reward_func must be callable, got {type(reward_func).__name__}")
+        if num_agents < 1:
+            raise ValueError(f"num_agents must be >= 1, got {num_agents}")
+        if num_turns < 1:
+            raise ValueError(f"num_turns must be >= 1, got {num_turns}")
+        if num_turns > 1 and external_transition is None:
+            raise ValueError(f"num_turns={num_turns} needs an external_transition to produce the next prompts")
+        if callable(formatters):
+            formatters = [formatters] * num_agents
+        formatters = list(formatters)
+        if len(formatters) != num_agents:
+            raise ValueError(f"formatters: expected 1 or {num_agents} (one per agent), got {len(formatters)}")
+        for i, formatter in enumerate(formatters):
+            if not callable(formatter):
+                raise TypeError(f"formatters[{i}] must be callable, got {type(formatter).__name__}")
+        self.agents = agent_names(num_agents)
+        self.num_turns = num_turns
+        self.name = name
+        self.reward_func = reward_func
+        self.reward_processor = reward_processor
+        self.formatters = formatters
+        self.external_transition = external_transition
+        self.external_prompt_passthrough = external_prompt_passthrough
+        self._splits = {"train": _as_dataset(dataset), "eval": _as_dataset(eval_dataset)}
+        self._reward_takes_items = accepts_keyword(reward_func, "batch_items")
+        self._formatter_takes_external = [accepts_keyword(f, "external_prompts") for f in formatters]
+
+    def dataset(self, split: str) -> datasets.Dataset:
+        if split not in self._splits:
+            raise ValueError(f"unknown split {split!r}; FunctionTask has 'train' and 'eval'")
+        data = self._splits[split]
+        if data is None:
+            raise ValueError(f"FunctionTask has no {split!r} dataset")
+        return data
+
+    def initial_observations(self, item):
+        return {agent: self._format(i, item) for i, agent in enumerate(self.agents)}
+
+    def _format(self, i: int, item: Mapping[str, Any]) -> str:
+        prompt = self.formatters[i](item)
+        if not isinstance(prompt, str):
+            raise TypeError(f"formatters[{i}] returned {type(prompt).__name__}, not a str")
+        return prompt
+
+    def reward(self, item, actions, history):
+        answers = [[actions[agent]] for agent in self.agents]
+        kwargs = {"batch_items": [item]} if self._reward_takes_items else {}
+        result = self.reward_func(*answers, **kwargs)
+        if isinstance(result, (int, float)) and not isinstance(result, bool):
+            value = result
+        elif isinstance(result, Sequence) and not isinstance(result, str) and len(result) > 0:
+            value = result[0]
+        else:
+            raise TypeError(f"reward_func must return a non-empty list of floats, got {result!r}")
+        if self.reward_processor is not None:
+            value = self.reward_processor(value)
+        return value
+
+    def transition(self, item, actions, history):
+        n = len(self.agents)
+        completions = [actions[agent] for agent in self.agents]
+        texts = self.external_transition(
+            prompt=item.get("prompt", ""),
+            agent_completions=completions,
+            num_agents=n,
+            prompt_history_per_agent=[[turn.observations[a] for turn in history] for a in self.agents],
+            response_history_per_agent=[[turn.actions[a] for turn in history] for a in self.agents],
+        )
+        if isinstance(texts, str) or not isinstance(texts, Sequence) or len(texts) != n:
+            raise TypeError(f"external_transition must return a list of {n} strings (one per agent), got {texts!r}")
+        prompts = {}
+        for i, (agent, text) in enumerate(zip(self.agents, texts)):
+            if not isinstance(text, str):
+                raise TypeError(f"external_transition returned a {type(text).__name__} for agent {i}, not a str")
+            if self.external_prompt_passthrough:
+                prompts[agent] = text
+            else:
+                revised = {**item, "prompt": text}
+                if self._formatter_takes_external[i]:
+                    prompts[agent] = self.formatters[i](revised, external_prompts=text)
+                else:
+                    prompts[agent] = self.formatters[i](revised)
+        return prompts
+
+
+def _as_dataset(data: datasets.Dataset | Sequence[Mapping[str, Any]] | None) -> datasets.Dataset | None:
+    if data is None or isinstance(data, datasets.Dataset):
+        return data
+    return datasets.Dataset.from_list([dict(row) for row in data])
