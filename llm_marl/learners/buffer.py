@@ -1,0 +1,87 @@
+"""Training samples and per-agent rollout buffers (SPEC.md §3.8, §4).
+
+Every (node, agent) pair of a rollout tree becomes one :class:`Sample`: the agent's observation,
+its K answers, their K per-agent returns (less the reference-KL penalty, if any) and the K
+advantages of its group. An agent's buffer is consumed in mini-batches once it holds
+``rollout_buffer_size`` samples, and whatever is left at the end of an epoch is consumed too.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+from llm_marl.learners.advantages import group_advantages
+from llm_marl.learners.tree import RolloutNode, iter_nodes
+from llm_marl.policies.base import Completion
+
+KLPenalty = Callable[[str, Sequence[Any], Sequence[Completion]], list[float]]
+
+
+@dataclass
+class Sample:
+    """One group: an agent's K answers to one observation, with returns and advantages."""
+
+    agent: str
+    observation: Any
+    completions: list[Completion]
+    returns: list[float]
+    advantages: list[float]
+    index: int
+    turn: int
+    kl: list[float] = field(default_factory=list)
+
+
+def samples_from_trees(
+    roots: Sequence[RolloutNode],
+    agents: Sequence[str],
+    *,
+    advantage_mode: str,
+    normalize: bool,
+    kl_penalty: KLPenalty | None = None,
+    kl_coef: float = 0.0,
+) -> list[Sample]:
+    """Samples of every node of ``roots`` in creation order, agents in order within a node.
+
+    ``kl_penalty(agent, observations, completions)`` gives each answer's KL to the frozen
+    reference; ``kl_coef`` times it is subtracted from the returns before the baseline.
+    """
+    samples = []
+    for node in iter_nodes(roots):
+        for agent in agents:
+            returns = node.agent_returns(agent)
+            kl: list[float] = []
+            if kl_penalty is not None:
+                completions = node.completions[agent]
+                kl = kl_penalty(agent, [node.observations[agent]] * len(completions), completions)
+                returns = [g - kl_coef * d for g, d in zip(returns, kl)]
+            for k, value in enumerate(returns):
+                if not math.isfinite(value):
+                    raise FloatingPointError(
+                        f"agent {agent!r}, item {node.index}, turn {node.turn}: return of answer {k} is {value}"
+                    )
+            advantages = group_advantages(returns, advantage_mode, normalize)
+            samples.append(
+                Sample(agent, node.observations[agent], list(node.completions[agent]), returns, advantages, node.index, node.turn, kl)
+            )
+    return samples
+
+
+class RolloutBuffer:
+    """A FIFO of samples for one agent."""
+
+    def __init__(self, samples: Sequence[Sample] = ()):
+        self.samples: list[Sample] = list(samples)
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def append(self, sample: Sample) -> None:
+        self.samples.append(sample)
+
+    def drain(self, batch_size: int) -> Iterator[list[Sample]]:
+        """Empty the buffer as consecutive mini-batches of at most ``batch_size`` samples."""
+        samples, self.samples = self.samples, []
+        for start in range(0, len(samples), batch_size):
+            yield samples[start : start + batch_size]

@@ -1,0 +1,217 @@
+"""Checkpoints: everything needed to continue a run exactly where it stopped.
+
+A checkpoint is the folder ``output_dir/checkpoint-{global_step}`` holding
+
+- ``trainer_state.json``: the :class:`~llm_marl.learners.reinforce.TrainerState` and the config;
+- ``agent_{i}/policy.pt`` and ``agent_{i}/optimizer.pt``: each agent's weights (policy
+  ``state_dict``) and optimizer state, plus ``agent_{i}/reference.pt`` with reference KL;
+- ``rng.pt``: Python, NumPy, torch (and CUDA) RNG states and the policies' own generators;
+- ``buffers.pt``: the per-agent rollout buffers and the metrics not yet logged;
+- ``manifest.json``, written last: the size and SHA-256 of every other file.
+
+Writes are atomic: files go to a hidden temporary folder that is renamed into place only when
+complete, so a crash while writing never leaves a ``checkpoint-*`` that loads wrongly, and the
+previous checkpoint stays usable. On load the manifest is verified; ``resolve(True, dir)`` picks
+the newest checkpoint that verifies, warning about any newer one that does not. Only the newest
+``save_total_limit`` checkpoints are kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import re
+import shutil
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, incomplete or does not match the trainer."""
+
+
+def save(trainer: Any) -> str:
+    """Write a checkpoint of ``trainer`` into its output_dir and return its path."""
+    output_dir = trainer.args.output_dir
+    if output_dir is None:
+        raise CheckpointError("cannot save a checkpoint: output_dir is None")
+    os.makedirs(output_dir, exist_ok=True)
+    name = f"checkpoint-{trainer.state.global_step}"
+    final = os.path.join(output_dir, name)
+    tmp = os.path.join(output_dir, f".tmp-{name}-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    state = dataclasses.replace(trainer.state, last_checkpoint=final)
+    _write_json(os.path.join(tmp, "trainer_state.json"), {"state": dataclasses.asdict(state), "args": _jsonable(trainer.args.to_dict())})
+    for i, agent in enumerate(trainer.agents):
+        folder = os.path.join(tmp, f"agent_{i}")
+        os.makedirs(folder)
+        policy = trainer.policies[agent]
+        if hasattr(policy, "state_dict"):
+            torch.save(policy.state_dict(), os.path.join(folder, "policy.pt"))
+        if agent in trainer.optimizers:
+            torch.save(trainer.optimizers[agent].state_dict(), os.path.join(folder, "optimizer.pt"))
+        if trainer.reference_policies is not None and hasattr(trainer.reference_policies[agent], "state_dict"):
+            torch.save(trainer.reference_policies[agent].state_dict(), os.path.join(folder, "reference.pt"))
+    torch.save(_rng_state(trainer), os.path.join(tmp, "rng.pt"))
+    torch.save(
+        {"buffers": {a: list(b.samples) for a, b in trainer.buffers.items()}, "pending": trainer._pending},
+        os.path.join(tmp, "buffers.pt"),
+    )
+    _write_json(os.path.join(tmp, "manifest.json"), _manifest(tmp))
+    _fsync_tree(tmp)
+    if os.path.exists(final):
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    trainer.state.last_checkpoint = final
+    _rotate(output_dir, trainer.args.save_total_limit, keep=final)
+    return final
+
+
+def load(trainer: Any, path: str) -> None:
+    """Restore ``trainer`` from checkpoint ``path`` (verified first)."""
+    verify(path)
+    saved = _read_json(os.path.join(path, "trainer_state.json"))
+    if saved["args"].get("num_agents") != len(trainer.agents):
+        raise CheckpointError(f"{path}: saved for {saved['args'].get('num_agents')} agents, trainer has {len(trainer.agents)}")
+    for i, agent in enumerate(trainer.agents):
+        folder = os.path.join(path, f"agent_{i}")
+        policy = trainer.policies[agent]
+        if hasattr(policy, "load_state_dict") and os.path.exists(os.path.join(folder, "policy.pt")):
+            policy.load_state_dict(torch.load(os.path.join(folder, "policy.pt"), weights_only=False))
+        if agent in trainer.optimizers:
+            trainer.optimizers[agent].load_state_dict(torch.load(os.path.join(folder, "optimizer.pt"), weights_only=False))
+        reference = os.path.join(folder, "reference.pt")
+        if trainer.reference_policies is not None and os.path.exists(reference):
+            trainer.reference_policies[agent].load_state_dict(torch.load(reference, weights_only=False))
+    _restore_rng(trainer, torch.load(os.path.join(path, "rng.pt"), weights_only=False))
+    extra = torch.load(os.path.join(path, "buffers.pt"), weights_only=False)
+    from llm_marl.learners.buffer import RolloutBuffer
+
+    trainer.buffers = {a: RolloutBuffer(extra["buffers"][a]) for a in trainer.agents}
+    trainer._pending = extra["pending"]
+    fields = {f.name for f in dataclasses.fields(trainer.state)}
+    trainer.state = type(trainer.state)(**{k: v for k, v in saved["state"].items() if k in fields})
+
+
+def verify(path: str) -> None:
+    """Raise CheckpointError unless every file of the manifest is present and intact."""
+    manifest_path = os.path.join(path, "manifest.json")
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path}: no such checkpoint folder")
+    if not os.path.exists(manifest_path):
+        raise CheckpointError(f"{path}: no manifest.json (the checkpoint was not completely written)")
+    try:
+        manifest = _read_json(manifest_path)
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: unreadable manifest.json ({exc})") from exc
+    for rel, expected in manifest.items():
+        file = os.path.join(path, rel)
+        if not os.path.exists(file):
+            raise CheckpointError(f"{path}: {rel} is missing")
+        if os.path.getsize(file) != expected["size"] or _sha256(file) != expected["sha256"]:
+            raise CheckpointError(f"{path}: {rel} is truncated or corrupted")
+
+
+def list_checkpoints(output_dir: str) -> list[str]:
+    """Checkpoint folders in ``output_dir``, oldest first."""
+    if not os.path.isdir(output_dir):
+        return []
+    found = [(int(m.group(1)), name) for name in os.listdir(output_dir) if (m := _PATTERN.match(name))]
+    return [os.path.join(output_dir, name) for _, name in sorted(found)]
+
+
+def resolve(spec: str | bool, output_dir: str | None) -> str:
+    """The checkpoint to resume from: ``spec`` itself, or for True the newest intact one."""
+    if spec is True:
+        if output_dir is None:
+            raise CheckpointError("resume_from_checkpoint=True needs args.output_dir")
+        for path in reversed(list_checkpoints(output_dir)):
+            try:
+                verify(path)
+                return path
+            except CheckpointError as exc:
+                warnings.warn(f"skipping unusable checkpoint: {exc}")
+        raise CheckpointError(f"no intact checkpoint in {output_dir}")
+    verify(str(spec))
+    return str(spec)
+
+
+def _rng_state(trainer: Any) -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "policies": {},
+    }
+    for agent, policy in trainer.policies.items():
+        generator = getattr(policy, "generator", None)
+        if isinstance(generator, torch.Generator):
+            state["policies"][agent] = generator.get_state()
+    return state
+
+
+def _restore_rng(trainer: Any, state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    for agent, generator_state in state["policies"].items():
+        trainer.policies[agent].generator.set_state(generator_state)
+
+
+def _rotate(output_dir: str, limit: int | None, keep: str) -> None:
+    if limit is None:
+        return
+    paths = list_checkpoints(output_dir)
+    for path in paths[: max(0, len(paths) - limit)]:
+        if os.path.abspath(path) != os.path.abspath(keep):
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _manifest(folder: str) -> dict[str, dict[str, Any]]:
+    entries = {}
+    for root, _, files in os.walk(folder):
+        for name in sorted(files):
+            file = os.path.join(root, name)
+            entries[os.path.relpath(file, folder)] = {"size": os.path.getsize(file), "sha256": _sha256(file)}
+    return entries
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _fsync_tree(folder: str) -> None:
+    for root, _, files in os.walk(folder):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                os.fsync(f.fileno())
+
+
+def _write_json(path: str, data: Any) -> None:
+    with open(path, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+
+
+def _read_json(path: str) -> Any:
+    with open(path) as f:
+        return json.load(f)
+
+
+def _jsonable(data: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(data, default=str))

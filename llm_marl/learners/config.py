@@ -1,0 +1,204 @@
+"""Hyperparameters of the MAREINFORCE family (SPEC.md §6), one dataclass field each.
+
+The four configs share every field and differ only in the default ``advantage_mode``. Fields
+beyond the specification follow Hugging Face ``TrainingArguments`` names where one exists
+(``seed``, ``output_dir``, ``save_steps``, ``save_total_limit``, ``max_grad_norm``,
+``weight_decay``). Invalid values raise ``ValueError`` naming the field at construction time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+JOINT_MODES = ("aligned", "cross", "crossed")
+ADVANTAGE_MODES = ("mean", "max", "rloo", "raw")
+CROSS_AGGREGATIONS = ("sum", "mean", "max")
+PARALLEL_MODES = ("none", "mp")
+LOGPROB_REDUCTIONS = ("sum", "mean")
+ERROR_POLICIES = ("raise", "skip")
+
+
+@dataclass
+class MAGRPOConfig:
+    """Configuration of :class:`~llm_marl.learners.reinforce.MAGRPOTrainer` (baseline: group mean)."""
+
+    # --- the specification's fields (SPEC.md §6) ---
+    num_agents: int = 2
+    """Number of agents; must match the trainer's agents."""
+    num_turns: int = 2
+    """Turns per episode (horizon H)."""
+    num_train_epochs: int = 20
+    """Passes over the train dataset."""
+    agent_learning_rate: float = 5e-6
+    """Learning rate of every agent's optimizer."""
+    logging_steps: int = 50
+    """Log averaged training metrics every this many dataset batches."""
+    num_generations: int = 4
+    """K: samples per observation per agent (>= 2)."""
+    max_new_tokens: int = 256
+    """Generation length cap of language-model policies."""
+    temperature: float = 0.6
+    """Sampling temperature of language-model policies."""
+    top_p: float = 0.6
+    """Nucleus sampling threshold (1.0 disables)."""
+    top_k: int | None = 50
+    """Top-k sampling (None or 0 disables)."""
+    discount: float = 1.0
+    """gamma in G_j = r_j + gamma * mean(G of child_j)."""
+    joint_mode: str = "aligned"
+    """"aligned" (K joint actions) or "cross" (K^N joint actions; alias "crossed")."""
+    cross_aggregation: str = "sum"
+    """Cross mode: an answer's return is the sum, mean or max of the joint returns containing it."""
+    early_termination_threshold: float | None = -0.2
+    """A node whose mean immediate reward is strictly above this gets no children; None disables."""
+    rollout_buffer_size: int = 2
+    """Samples per agent collected before an update."""
+    train_batch_size: int | None = None
+    """Samples per optimizer step; None means rollout_buffer_size."""
+    advantage_normalization: bool = True
+    """Centre and scale each group's advantages by its population std (floored at 1e-6)."""
+    advantage_mode: str = "mean"
+    """Baseline: "mean" (MAGRPO), "rloo", "max" (MAReMax) or "raw" (MAREINFORCE)."""
+    eval_interval: int = 16
+    """Evaluate before dataset batch b whenever b % eval_interval == 0; 0 disables."""
+    eval_num_samples: int = 4
+    """Eval items played per evaluation (one answer per agent per turn)."""
+    eval_batch_size: int = 1
+    """Eval items played together in one batched rollout."""
+    external_prompt_passthrough: bool = False
+    """Use the transition's text as the next prompt verbatim (drop-in constructor only)."""
+    parallel_training: str = "none"
+    """"none", or "mp": each agent on its own device, agents run concurrently."""
+    agent_devices: Sequence[str] | None = None
+    """Device of each agent's model; required for parallel_training="mp"."""
+    reference_kl_enabled: bool = False
+    """Subtract a frozen-reference KL penalty from each answer's return."""
+    reference_kl_coef: float = 0.1
+    """Weight of the reference KL penalty (>= 0)."""
+    reference_devices: Sequence[str] | None = None
+    """Device of each agent's frozen reference model (default: the agent's device)."""
+
+    # --- beyond the specification ---
+    seed: int = 42
+    """Seeds Python, NumPy and torch at the start of training (and the env's row draws)."""
+    output_dir: str | None = None
+    """Run directory: TensorBoard logs, metrics.jsonl, checkpoints, saved models. None: no files."""
+    save_steps: int = 0
+    """Write a checkpoint every this many optimizer steps (at the end of that batch); 0: only at the end."""
+    save_total_limit: int | None = 2
+    """Keep at most this many checkpoints (oldest deleted first); None keeps all."""
+    logprob_reduction: str = "sum"
+    """log pi(answer): "sum" over its tokens (SPEC.md §4) or their "mean" (length-normalized)."""
+    max_grad_norm: float | None = None
+    """Clip each agent's gradient norm to this before the step; None disables clipping."""
+    weight_decay: float = 0.0
+    """AdamW weight decay of the default optimizers."""
+    items_per_step: int = 1
+    """Dataset items rolled out together in one batched tree collection."""
+    reward_error_policy: str = "raise"
+    """A task error while rolling out an item: "raise" stops training; "skip" drops the item, counts and logs it."""
+    progress_bar: bool = True
+    """Show a tqdm progress bar during training."""
+
+    def __post_init__(self) -> None:
+        if self.joint_mode == "crossed":
+            self.joint_mode = "cross"
+        if self.train_batch_size is None:
+            self.train_batch_size = self.rollout_buffer_size
+        if self.agent_devices is not None:
+            self.agent_devices = list(self.agent_devices)
+        if self.reference_devices is not None:
+            self.reference_devices = list(self.reference_devices)
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the first invalid field."""
+        _at_least(self, "num_agents", 1)
+        _at_least(self, "num_turns", 1)
+        _at_least(self, "num_train_epochs", 0)
+        _at_least(self, "logging_steps", 1)
+        _at_least(self, "num_generations", 2)
+        _at_least(self, "max_new_tokens", 1)
+        _at_least(self, "rollout_buffer_size", 1)
+        _at_least(self, "train_batch_size", 1)
+        _at_least(self, "eval_interval", 0)
+        _at_least(self, "eval_num_samples", 0)
+        _at_least(self, "eval_batch_size", 1)
+        _at_least(self, "save_steps", 0)
+        _at_least(self, "items_per_step", 1)
+        if self.save_total_limit is not None:
+            _at_least(self, "save_total_limit", 1)
+        _one_of(self, "joint_mode", JOINT_MODES)
+        _one_of(self, "advantage_mode", ADVANTAGE_MODES)
+        _one_of(self, "cross_aggregation", CROSS_AGGREGATIONS)
+        _one_of(self, "parallel_training", PARALLEL_MODES)
+        _one_of(self, "logprob_reduction", LOGPROB_REDUCTIONS)
+        _one_of(self, "reward_error_policy", ERROR_POLICIES)
+        _positive(self, "agent_learning_rate")
+        _positive(self, "temperature")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 0):
+            raise ValueError(f"top_k must be None or an int >= 0, got {self.top_k!r}")
+        if not 0.0 <= self.discount <= 1.0:
+            raise ValueError(f"discount must be in [0, 1], got {self.discount!r}")
+        if self.reference_kl_coef < 0:
+            raise ValueError(f"reference_kl_coef must be >= 0, got {self.reference_kl_coef!r}")
+        if self.weight_decay < 0:
+            raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        if self.max_grad_norm is not None and self.max_grad_norm <= 0:
+            raise ValueError(f"max_grad_norm must be None or > 0, got {self.max_grad_norm!r}")
+        if self.parallel_training == "mp" and not self.agent_devices:
+            raise ValueError('parallel_training="mp" needs agent_devices (one device per agent)')
+        for name in ("agent_devices", "reference_devices"):
+            devices = getattr(self, name)
+            if devices is not None and len(devices) != self.num_agents:
+                raise ValueError(f"{name} must list one device per agent ({self.num_agents}), got {devices!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dataclasses.fields(cls)]
+
+
+def _at_least(config: Any, name: str, low: int) -> None:
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _positive(config: Any, name: str) -> None:
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number > 0, got {value!r}")
+
+
+def _one_of(config: Any, name: str, allowed: Sequence[str]) -> None:
+    value = getattr(config, name)
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
+
+
+@dataclass
+class MAREINFORCEConfig(MAGRPOConfig):
+    """MAREINFORCE: no baseline (advantage_mode="raw")."""
+
+    advantage_mode: str = "raw"
+
+
+@dataclass
+class MARLOOConfig(MAGRPOConfig):
+    """MARLOO: leave-one-out baseline (advantage_mode="rloo")."""
+
+    advantage_mode: str = "rloo"
+
+
+@dataclass
+class MAReMaxConfig(MAGRPOConfig):
+    """MAReMax: max baseline (advantage_mode="max")."""
+
+    advantage_mode: str = "max"

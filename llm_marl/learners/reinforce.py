@@ -1,0 +1,448 @@
+"""The MAREINFORCE family of learners: MAGRPO, MAREINFORCE, MARLOO, MAReMax (SPEC.md).
+
+The training loop, top to bottom::
+
+    for epoch in range(num_train_epochs):
+        for batch b of items_per_step dataset indices:
+            if eval_interval and b % eval_interval == 0: evaluate()
+            trees   = collect_trees(env, policies, batch, args)          # tree.py
+            samples = samples_from_trees(trees, ...)                     # buffer.py (+ reference KL)
+            for each node's samples, in creation order:
+                append to every agent's buffer
+                if the buffers hold rollout_buffer_size samples: update() # mini-batch optimizer steps
+            log; maybe checkpoint
+        update() on the partly filled buffers
+
+The four trainers differ only in their config's default ``advantage_mode``. A trainer is built
+either env-native — ``MAGRPOTrainer(env=..., policies=..., args=..., eval_env=None)`` where env is
+a ``pettingzoo.ParallelEnv`` (or a zero-argument factory) and policies a dict agent -> Policy or
+a list in agent order — or with the Hugging Face-compatible keywords of the anchor library
+(``agent_model``/``agents``, ``reward_func``, ``formatters``, ... see SPEC.md §7), which build a
+:class:`~llm_marl.tasks.FunctionTask` and a :class:`~llm_marl.envs.DialogueEnv` internally.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import os
+import random
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+from pettingzoo import ParallelEnv
+
+from llm_marl.learners.advantages import k3_kl, policy_gradient_loss
+from llm_marl.learners.buffer import RolloutBuffer, Sample, samples_from_trees
+from llm_marl.learners.config import MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig
+from llm_marl.learners.logging import RunLogger
+from llm_marl.learners.tree import RolloutNode, collect_trees, grow_trees, iter_nodes
+from llm_marl.policies.base import Completion, Policy, token_log_probs_of
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's global RNGs."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class TrainerState:
+    """Where training stands; saved in checkpoints."""
+
+    epoch: int = 0
+    """Epochs completed."""
+    batch_in_epoch: int = 0
+    """Dataset batches of the current epoch already trained on."""
+    batch_step: int = 0
+    """Dataset batches trained on in total (the logging x-axis)."""
+    global_step: int = 0
+    """Optimizer steps taken (per agent; agents step in lock-step)."""
+    skipped_items: int = 0
+    """Items dropped by reward_error_policy="skip"."""
+    last_checkpoint: str | None = None
+    """Path of the newest complete checkpoint."""
+
+
+class MAGRPOTrainer:
+    """Multi-agent GRPO: baseline = mean of the group's K returns (see the module docstring)."""
+
+    config_class = MAGRPOConfig
+
+    def __init__(
+        self,
+        env: ParallelEnv | Callable[[], ParallelEnv] | None = None,
+        policies: Mapping[str, Policy] | Sequence[Policy] | None = None,
+        args: MAGRPOConfig | None = None,
+        eval_env: ParallelEnv | Callable[[], ParallelEnv] | None = None,
+        *,
+        optimizers: Mapping[str, torch.optim.Optimizer] | Sequence[torch.optim.Optimizer] | None = None,
+        eval_logger: Callable[..., list[dict[str, float]]] | None = None,
+        eval_aggregator: Callable[..., dict[str, float]] | None = None,
+        **anchor_kwargs: Any,
+    ):
+        self.args = args if args is not None else self.config_class()
+        if not isinstance(self.args, MAGRPOConfig):
+            raise TypeError(f"args must be a {self.config_class.__name__}, got {type(self.args).__name__}")
+        if anchor_kwargs or env is None:
+            from llm_marl.learners.anchor_compat import build_from_anchor_kwargs
+
+            if env is not None or policies is not None:
+                raise TypeError(
+                    f"pass either env=/policies= or the anchor-library keywords, not both (got {sorted(anchor_kwargs)})"
+                )
+            built = build_from_anchor_kwargs(self.args, **anchor_kwargs)
+            env, policies, eval_env = built.env, built.policies, built.eval_env
+            eval_logger = eval_logger or built.eval_logger
+            eval_aggregator = eval_aggregator or built.eval_aggregator
+            self.tokenizers = built.tokenizers
+        self.env = _instantiate(env, "env")
+        self.eval_env = _instantiate(eval_env, "eval_env") if eval_env is not None else _eval_split(self.env)
+        self.agents = list(self.env.possible_agents)
+        if self.args.num_agents != len(self.agents):
+            raise ValueError(
+                f"num_agents is {self.args.num_agents} but the env has {len(self.agents)} agents {self.agents}"
+            )
+        self.policies = _by_agent(policies, self.agents, "policies")
+        self.trainable = {a: [p for p in self.policies[a].parameters() if p.requires_grad] for a in self.agents}
+        if optimizers is None:
+            self.optimizers = {
+                a: torch.optim.AdamW(params, lr=self.args.agent_learning_rate, weight_decay=self.args.weight_decay)
+                for a, params in self.trainable.items()
+                if params
+            }
+        else:
+            self.optimizers = _by_agent(optimizers, self.agents, "optimizers")
+        self.reference_policies = self._make_references() if self.args.reference_kl_enabled else None
+        self.eval_logger = eval_logger
+        self.eval_aggregator = eval_aggregator
+        self.buffers = {a: RolloutBuffer() for a in self.agents}
+        self.state = TrainerState()
+        self.logger = RunLogger(None)
+        self._pending: dict[str, list[float]] = {}
+
+    # --- public API ---------------------------------------------------------------------------
+
+    def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainerState:
+        """Train for ``num_train_epochs`` epochs; returns the final :class:`TrainerState`.
+
+        ``resume_from_checkpoint``: a checkpoint folder, or True for the newest one in
+        ``output_dir``; training then continues exactly where that checkpoint left off.
+        """
+        from llm_marl.learners import checkpoint
+
+        args = self.args
+        seed_everything(args.seed)
+        if resume_from_checkpoint:
+            path = checkpoint.resolve(resume_from_checkpoint, args.output_dir)
+            checkpoint.load(self, path)
+        self.logger = RunLogger(args.output_dir, purge_step=self.state.batch_step if resume_from_checkpoint else None)
+        batches = self._batches()
+        total = args.num_train_epochs * len(batches)
+        progress = _progress(total, self.state.epoch * len(batches) + self.state.batch_in_epoch, args.progress_bar)
+        try:
+            while self.state.epoch < args.num_train_epochs:
+                while self.state.batch_in_epoch < len(batches):
+                    b = self.state.batch_in_epoch
+                    if args.eval_interval and b % args.eval_interval == 0 and self.eval_env is not None:
+                        self.evaluate()
+                    steps_before = self.state.global_step
+                    self._train_batch(batches[b])
+                    self.state.batch_in_epoch += 1
+                    self.state.batch_step += 1
+                    progress.update(1)
+                    self._after_batch(progress, steps_before)
+                self._update()
+                self._flush_metrics(force=True)
+                self.state.epoch += 1
+                self.state.batch_in_epoch = 0
+            if args.output_dir is not None:
+                checkpoint.save(self)
+        finally:
+            progress.close()
+            self.logger.close()
+        return self.state
+
+    def evaluate(self) -> dict[str, float]:
+        """Play ``eval_num_samples`` eval items once each (one answer per agent per turn, no early
+        termination) and return — and log — ``eval/turn_k/reward_mean`` and
+        ``eval/turn_k/expected_return``, plus the eval hooks' metrics when both are given."""
+        args = self.args
+        env = self.eval_env if self.eval_env is not None else self.env
+        count = min(args.eval_num_samples, _num_items(env))
+        roots: list[RolloutNode] = []
+        for start in range(0, count, args.eval_batch_size):
+            indices = list(range(start, min(start + args.eval_batch_size, count)))
+            roots += grow_trees(env, self.policies, indices, num_samples=1, num_turns=args.num_turns)
+        metrics = episode_metrics(roots, args.num_turns, prefix="eval")
+        if self.eval_logger is not None and self.eval_aggregator is not None:
+            metrics.update(self._hook_metrics(env, roots))
+        self.logger.log(metrics, self.state.batch_step)
+        return metrics
+
+    def save_model(self, output_dir: str) -> None:
+        """Write each agent's policy to ``output_dir/agent_{i}`` (``save_pretrained`` where the
+        policy has it, else a torch state dict ``policy.pt``)."""
+        for i, agent in enumerate(self.agents):
+            target = os.path.join(output_dir, f"agent_{i}")
+            os.makedirs(target, exist_ok=True)
+            policy = self.policies[agent]
+            if hasattr(policy, "save_pretrained"):
+                policy.save_pretrained(target)
+            elif hasattr(policy, "state_dict"):
+                torch.save(policy.state_dict(), os.path.join(target, "policy.pt"))
+
+    # --- one dataset batch ----------------------------------------------------------------------
+
+    def _train_batch(self, indices: list[int]) -> None:
+        args = self.args
+        started = time.perf_counter()
+        roots = collect_trees(self.env, self.policies, indices, args)
+        elapsed = time.perf_counter() - started
+        failed = [root for root in roots if root.error is not None]
+        if failed:
+            self.state.skipped_items += len(failed)
+            for root in failed:
+                print(f"[llm_marl] skipped item {root.index}: {root.error}")
+        roots = [root for root in roots if root.error is None]
+        samples = samples_from_trees(
+            roots,
+            self.agents,
+            advantage_mode=args.advantage_mode,
+            normalize=args.advantage_normalization,
+            kl_penalty=self._kl_penalty if self.reference_policies is not None else None,
+            kl_coef=args.reference_kl_coef,
+        )
+        num_agents = len(self.agents)
+        for start in range(0, len(samples), num_agents):
+            for sample in samples[start : start + num_agents]:
+                self.buffers[sample.agent].append(sample)
+            if all(len(self.buffers[a]) >= args.rollout_buffer_size for a in self.agents):
+                self._update()
+        stepped = sum(len(node.joint) for node in iter_nodes(roots))
+        metrics = episode_metrics(roots, args.num_turns, prefix="train")
+        metrics["train/env_steps_per_second"] = stepped / max(elapsed, 1e-9)
+        metrics["train/skipped_items"] = self.state.skipped_items
+        for sample in samples:
+            self._note(f"train/{sample.agent}/advantage_mean", float(np.mean(sample.advantages)))
+            self._note(f"train/{sample.agent}/advantage_std", float(np.std(sample.advantages)))
+            if sample.kl:
+                self._note(f"train/{sample.agent}/kl_mean", float(np.mean(sample.kl)))
+        for name, value in metrics.items():
+            self._note(name, value)
+
+    def _update(self) -> None:
+        """Consume every agent's buffer in mini-batches of train_batch_size, one optimizer step each."""
+        if not any(len(buffer) for buffer in self.buffers.values()):
+            return
+        steps = 0
+        for agent in self.agents:
+            agent_steps = 0
+            for batch in self.buffers[agent].drain(self.args.train_batch_size):
+                if agent in self.optimizers:
+                    self._optimizer_step(agent, batch)
+                agent_steps += 1
+            steps = max(steps, agent_steps)
+        self.state.global_step += steps
+
+    def _optimizer_step(self, agent: str, batch: list[Sample]) -> None:
+        policy, optimizer = self.policies[agent], self.optimizers[agent]
+        observations = [s.observation for s in batch for _ in s.completions]
+        completions = [c for s in batch for c in s.completions]
+        sizes = {len(s.completions) for s in batch}
+        log_probs = policy.log_probs(observations, completions, reduction=self.args.logprob_reduction)
+        if len(sizes) == 1:
+            log_probs = log_probs.view(len(batch), -1)
+            advantages = torch.tensor([s.advantages for s in batch], dtype=log_probs.dtype, device=log_probs.device)
+            loss = policy_gradient_loss(log_probs, advantages)
+        else:
+            loss, offset = 0.0, 0
+            for s in batch:
+                k = len(s.completions)
+                adv = torch.tensor(s.advantages, dtype=log_probs.dtype, device=log_probs.device)
+                loss = loss + policy_gradient_loss(log_probs[offset : offset + k][None], adv[None])
+                offset += k
+            loss = loss / len(batch)
+        where = f"agent {agent!r}, optimizer step {self.state.global_step + 1}, items {sorted({s.index for s in batch})}"
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"{where}: loss is {loss.item()}{self._last_good()}")
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        params = self.trainable[agent]
+        max_norm = self.args.max_grad_norm if self.args.max_grad_norm is not None else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        if not torch.isfinite(grad_norm):
+            optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"{where}: gradient norm is {grad_norm.item()}{self._last_good()}")
+        self._reduce_gradients(agent)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        self._note(f"train/{agent}/loss", loss.item())
+        self._note(f"train/{agent}/grad_norm", grad_norm.item())
+        self._note(f"train/{agent}/logprob_mean", log_probs.detach().mean().item())
+
+    def _reduce_gradients(self, agent: str) -> None:
+        """Hook for data-parallel training: average the agent's gradients across ranks."""
+
+    # --- reference KL -------------------------------------------------------------------------
+
+    def _make_references(self) -> dict[str, Policy]:
+        references = {}
+        devices = self.args.reference_devices
+        for i, agent in enumerate(self.agents):
+            policy = self.policies[agent]
+            reference = copy.deepcopy(policy)
+            if devices is not None and hasattr(reference, "to"):
+                reference = reference.to(devices[i]) or reference
+            for p in reference.parameters():
+                p.requires_grad_(False)
+            references[agent] = reference
+        return references
+
+    def _kl_penalty(self, agent: str, observations: Sequence[Any], completions: Sequence[Completion]) -> list[float]:
+        with torch.no_grad():
+            policy_values, mask = token_log_probs_of(self.policies[agent], observations, completions)
+            reference_values, _ = token_log_probs_of(self.reference_policies[agent], observations, completions)
+            kl = k3_kl(policy_values, reference_values.to(policy_values.device), mask)
+        return kl.tolist()
+
+    # --- logging and checkpoints --------------------------------------------------------------
+
+    def _note(self, name: str, value: float) -> None:
+        self._pending.setdefault(name, []).append(value)
+
+    def _flush_metrics(self, force: bool = False) -> None:
+        if not self._pending or not (force or self.state.batch_step % self.args.logging_steps == 0):
+            return
+        metrics = {name: float(np.mean(values)) for name, values in self._pending.items()}
+        self._pending = {}
+        self.logger.log(metrics, self.state.batch_step)
+
+    def _after_batch(self, progress: Any, steps_before: int) -> None:
+        from llm_marl.learners import checkpoint
+
+        reward = self._pending.get("train/turn_1/reward_mean")
+        if reward:
+            progress.set_postfix(reward=f"{reward[-1]:.3f}", step=self.state.global_step)
+        self._flush_metrics()
+        every = self.args.save_steps
+        if every and self.args.output_dir is not None and self.state.global_step // every > steps_before // every:
+            checkpoint.save(self)
+
+    def _last_good(self) -> str:
+        last = self.state.last_checkpoint
+        return f"; last good checkpoint: {last}" if last else "; no checkpoint written yet"
+
+    def _batches(self) -> list[list[int]]:
+        n = _num_items(self.env)
+        size = self.args.items_per_step
+        return [list(range(start, min(start + size, n))) for start in range(0, n, size)]
+
+    def _hook_metrics(self, env: ParallelEnv, roots: list[RolloutNode]) -> dict[str, float]:
+        per_item = []
+        data = getattr(env, "data", None)
+        for root in roots:
+            chain = list(root.nodes())
+            completions = [[node.completions[a][0].text for node in chain] for a in self.agents]
+            prompts = [[node.observations[a] for node in chain] for a in self.agents]
+            item = data[root.index] if data is not None else {"index": root.index}
+            per_item.extend(self.eval_logger(agent_completions_turns=completions, batch_items=[item], prompts=prompts))
+        aggregated = self.eval_aggregator(per_item, num_turns=self.args.num_turns)
+        return {f"eval/{name}": float(value) for name, value in aggregated.items()}
+
+
+class MAREINFORCETrainer(MAGRPOTrainer):
+    """Multi-agent REINFORCE: no baseline."""
+
+    config_class = MAREINFORCEConfig
+
+
+class MARLOOTrainer(MAGRPOTrainer):
+    """Multi-agent RLOO: leave-one-out baseline."""
+
+    config_class = MARLOOConfig
+
+
+class MAReMaxTrainer(MAGRPOTrainer):
+    """Multi-agent ReMax: max baseline."""
+
+    config_class = MAReMaxConfig
+
+
+def episode_metrics(roots: Sequence[RolloutNode], num_turns: int, prefix: str) -> dict[str, float]:
+    """``{prefix}/turn_k/reward_mean`` and ``.../expected_return`` over the nodes at each turn.
+
+    ``reward_mean`` averages immediate rewards; ``expected_return`` averages returns (with
+    discount 1 and one answer per agent, the sum of rewards from turn k on).
+    """
+    rewards: list[list[float]] = [[] for _ in range(num_turns)]
+    returns: list[list[float]] = [[] for _ in range(num_turns)]
+    for node in iter_nodes(roots):
+        rewards[node.turn].extend(node.rewards)
+        returns[node.turn].extend(node.returns)
+    metrics = {}
+    for t in range(num_turns):
+        if rewards[t]:
+            metrics[f"{prefix}/turn_{t + 1}/reward_mean"] = float(np.mean(rewards[t]))
+            metrics[f"{prefix}/turn_{t + 1}/expected_return"] = float(np.mean(returns[t]))
+    return metrics
+
+
+def _instantiate(env: Any, name: str) -> ParallelEnv:
+    if isinstance(env, ParallelEnv) or hasattr(env, "possible_agents"):
+        return env
+    if callable(env):
+        made = env()
+        if not hasattr(made, "possible_agents"):
+            raise TypeError(f"{name} factory returned {type(made).__name__}, not a pettingzoo.ParallelEnv")
+        return made
+    raise TypeError(f"{name} must be a pettingzoo.ParallelEnv or a zero-argument factory, got {type(env).__name__}")
+
+
+def _eval_split(env: ParallelEnv) -> ParallelEnv | None:
+    """The eval split of a DialogueEnv's task, or None when there is none."""
+    task = getattr(env, "task", None)
+    if task is None:
+        return None
+    from llm_marl.envs.dialogue import DialogueEnv
+
+    try:
+        return DialogueEnv(task, split="eval")
+    except (ValueError, KeyError, NotImplementedError):
+        return None
+
+
+def _num_items(env: ParallelEnv) -> int:
+    data = getattr(env, "data", None)
+    return len(data) if data is not None else getattr(env, "num_items", 1)
+
+
+def _by_agent(values: Any, agents: list[str], name: str) -> dict[str, Any]:
+    if values is None:
+        raise TypeError(f"{name} is required: a dict agent -> value or a list in agent order {agents}")
+    if isinstance(values, Mapping):
+        if set(values) != set(agents):
+            raise ValueError(f"{name} keys {sorted(values)} do not match the env's agents {agents}")
+        return {a: values[a] for a in agents}
+    values = list(values)
+    if len(values) != len(agents):
+        raise ValueError(f"{name}: expected {len(agents)} (one per agent {agents}), got {len(values)}")
+    return dict(zip(agents, values))
+
+
+class _NoProgress:
+    def update(self, n: int = 1) -> None: ...
+    def set_postfix(self, **kwargs: Any) -> None: ...
+    def close(self) -> None: ...
+
+
+def _progress(total: int, initial: int, enabled: bool) -> Any:
+    if not enabled:
+        return _NoProgress()
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, desc="training", unit="batch", dynamic_ncols=True)

@@ -1,0 +1,235 @@
+"""K-branch rollout trees (SPEC.md §3).
+
+One tree per dataset item; a node is one turn of one branch. Trees grow level by level: at each
+depth every agent makes ONE policy call over the observations of all open nodes of all trees,
+asking for K answers each. Joint actions are the K aligned tuples or the K^N cross product; every
+joint action is stepped on a fork of the node's environment (batched through
+``step_branches`` where the env has it), earns the shared reward, and — unless the node is
+early-terminated, on the last turn, or its branch ended — gets a child holding the env's next
+observations. Returns are computed bottom-up with discount gamma.
+
+Works on any ``pettingzoo.ParallelEnv``: envs without ``fork()`` are forked with
+``copy.deepcopy``; envs without ``step_branches`` are stepped fork by fork. The env passed in is
+never stepped itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterator, Mapping, Sequence
+
+from pettingzoo import ParallelEnv
+
+from llm_marl.learners.advantages import agent_returns, discounted_return
+from llm_marl.policies.base import Completion, Policy
+from llm_marl.tasks.base import TaskError
+
+
+@dataclass
+class RolloutNode:
+    """One turn of one branch of a rollout tree.
+
+    ``joint[j]`` is joint action j as a tuple of answer indices, one per agent in agent order;
+    ``rewards[j]``, ``returns[j]``, ``details[j]`` and ``children[j]`` belong to it (a child is
+    None where the branch was not expanded). ``index`` is the dataset item of the tree.
+    ``error`` is set on a root whose item failed and was skipped.
+    """
+
+    turn: int
+    index: int
+    observations: dict[str, Any]
+    completions: dict[str, list[Completion]] = field(default_factory=dict)
+    joint: list[tuple[int, ...]] = field(default_factory=list)
+    rewards: list[float] = field(default_factory=list)
+    returns: list[float] = field(default_factory=list)
+    children: list["RolloutNode | None"] = field(default_factory=list)
+    details: list[dict[str, Any]] = field(default_factory=list)
+    cross_aggregation: str = "sum"
+    error: str | None = None
+
+    @property
+    def agents(self) -> list[str]:
+        return list(self.completions)
+
+    def agent_returns(self, agent: str) -> list[float]:
+        """K per-answer returns of ``agent`` (SPEC.md §3.7)."""
+        position = self.agents.index(agent)
+        return agent_returns(self.joint, self.returns, position, len(self.completions[agent]), self.cross_aggregation)
+
+    def nodes(self) -> Iterator["RolloutNode"]:
+        """This node and its descendants, level by level (the order they were created)."""
+        level = [self]
+        while level:
+            yield from level
+            level = [child for node in level for child in node.children if child is not None]
+
+
+def iter_nodes(roots: Sequence[RolloutNode]) -> Iterator[RolloutNode]:
+    """Every node of several trees in creation order: depth by depth, trees in order."""
+    level = [root for root in roots if root.error is None]
+    while level:
+        yield from level
+        level = [child for node in level for child in node.children if child is not None]
+
+
+def fork_env(env: ParallelEnv) -> ParallelEnv:
+    """``env.fork()`` where the env has it, else a deep copy."""
+    fork = getattr(env, "fork", None)
+    return fork() if fork is not None else copy.deepcopy(env)
+
+
+def joint_actions(num_answers: int, num_agents: int, mode: str) -> list[tuple[int, ...]]:
+    """Joint actions as answer-index tuples: K aligned ones or the K^N cross product."""
+    if mode == "aligned" or num_agents == 1:
+        return [(k,) * num_agents for k in range(num_answers)]
+    if mode in ("cross", "crossed"):
+        return list(itertools.product(range(num_answers), repeat=num_agents))
+    raise ValueError(f"joint_mode must be 'aligned' or 'cross', got {mode!r}")
+
+
+def step_joint(env: ParallelEnv, joint: Sequence[Mapping[str, str]]) -> list[tuple]:
+    """Step one fork of ``env`` per joint action; returns (env, obs, rewards, terms, truncs, infos)."""
+    step_branches = getattr(env, "step_branches", None)
+    if step_branches is not None:
+        return [tuple(branch) for branch in step_branches(joint)]
+    results = []
+    for actions in joint:
+        twin = fork_env(env)
+        results.append((twin, *twin.step(dict(actions))))
+    return results
+
+
+def shared_reward(rewards: Mapping[str, float], agents: Sequence[str], where: str) -> float:
+    values = [float(rewards[a]) for a in agents]
+    if any(v != values[0] for v in values):
+        raise ValueError(f"{where}: agents got different rewards {dict(rewards)}; the learners need one shared reward")
+    if not math.isfinite(values[0]):
+        raise ValueError(f"{where}: reward is {values[0]}, not a finite number")
+    return values[0]
+
+
+@dataclass
+class _Open:
+    node: RolloutNode
+    env: ParallelEnv
+    root: RolloutNode
+
+
+def grow_trees(
+    env: ParallelEnv,
+    policies: Mapping[str, Policy],
+    indices: Sequence[int],
+    *,
+    num_samples: int,
+    num_turns: int,
+    joint_mode: str = "aligned",
+    cross_aggregation: str = "sum",
+    early_termination_threshold: float | None = None,
+    discount: float = 1.0,
+    skip_errors: bool = False,
+    seed: int | None = None,
+) -> list[RolloutNode]:
+    """Grow one tree per dataset index; see :func:`collect_trees` for the config-driven form.
+
+    With ``skip_errors`` a :class:`TaskError` while stepping an item marks that item's root with
+    ``error`` and drops its tree; otherwise it is raised with the item and turn in the message.
+    """
+    agents = list(policies)
+    roots: list[RolloutNode] = []
+    frontier: list[_Open] = []
+    for n, index in enumerate(indices):
+        twin = fork_env(env)
+        options = {"index": int(index)}
+        observations, _ = twin.reset(seed=None if seed is None else seed + n, options=options)
+        root = RolloutNode(0, int(index), dict(observations), cross_aggregation=cross_aggregation)
+        roots.append(root)
+        frontier.append(_Open(root, twin, root))
+
+    for depth in range(num_turns):
+        if not frontier:
+            break
+        for open_node in frontier:
+            live = list(getattr(open_node.env, "agents", agents))
+            if sorted(live) != sorted(agents):
+                raise ValueError(
+                    f"item {open_node.node.index}, turn {depth}: live agents {live} differ from the policies' {agents}"
+                )
+        answers = {
+            agent: policies[agent].sample([o.node.observations[agent] for o in frontier], num_samples)
+            for agent in agents
+        }
+        combos = joint_actions(num_samples, len(agents), joint_mode)
+        next_frontier: list[_Open] = []
+        for position, open_node in enumerate(frontier):
+            node, root = open_node.node, open_node.root
+            if root.error is not None:
+                continue
+            node.completions = {agent: list(answers[agent][position]) for agent in agents}
+            node.joint = combos
+            joint = [{agent: node.completions[agent][combo[i]].text for i, agent in enumerate(agents)} for combo in combos]
+            where = f"item {node.index}, turn {depth}"
+            try:
+                stepped = step_joint(open_node.env, joint)
+            except TaskError as exc:
+                if not skip_errors:
+                    raise
+                root.error = str(exc)
+                continue
+            node.rewards = [shared_reward(rewards, agents, where) for _, _, rewards, *_ in stepped]
+            node.details = [_details(infos, agents) for *_, infos in stepped]
+            node.children = [None] * len(combos)
+            stop = (
+                early_termination_threshold is not None
+                and sum(node.rewards) / len(node.rewards) > early_termination_threshold
+            )
+            if stop or depth == num_turns - 1:
+                continue
+            for j, (twin, observations, _, terminations, truncations, _) in enumerate(stepped):
+                if any(terminations.get(a, False) or truncations.get(a, False) for a in agents):
+                    continue
+                child = RolloutNode(depth + 1, node.index, dict(observations), cross_aggregation=cross_aggregation)
+                node.children[j] = child
+                next_frontier.append(_Open(child, twin, root))
+        frontier = [o for o in next_frontier if o.root.error is None]
+
+    for root in roots:
+        if root.error is None:
+            _compute_returns(root, discount)
+    return roots
+
+
+def collect_trees(env: ParallelEnv, policies: Mapping[str, Policy], indices: Sequence[int], args: Any) -> list[RolloutNode]:
+    """One rollout tree per dataset index, shaped by a learner config (SPEC.md §3).
+
+    Uses ``args.num_generations`` (K), ``num_turns``, ``joint_mode``, ``cross_aggregation``,
+    ``early_termination_threshold``, ``discount`` and ``reward_error_policy``.
+    """
+    return grow_trees(
+        env,
+        policies,
+        indices,
+        num_samples=args.num_generations,
+        num_turns=args.num_turns,
+        joint_mode=args.joint_mode,
+        cross_aggregation=args.cross_aggregation,
+        early_termination_threshold=args.early_termination_threshold,
+        discount=args.discount,
+        skip_errors=getattr(args, "reward_error_policy", "raise") == "skip",
+    )
+
+
+def _details(infos: Mapping[str, Mapping[str, Any]], agents: Sequence[str]) -> dict[str, Any]:
+    info = infos.get(agents[0], {}) if isinstance(infos, Mapping) else {}
+    return dict(info.get("reward_details", {})) if isinstance(info, Mapping) else {}
+
+
+def _compute_returns(node: RolloutNode, discount: float) -> None:
+    returns = []
+    for reward, child in zip(node.rewards, node.children):
+        if child is not None:
+            _compute_returns(child, discount)
+        returns.append(discounted_return(reward, child.returns if child is not None else None, discount))
+    node.returns = returns

@@ -1,0 +1,91 @@
+"""TabularPolicy: a softmax table over a fixed menu of answers, one row per distinct observation.
+
+The toy policy of the library: it samples and is trained through the same ``Policy`` protocol and
+the same loss as a language model, so learners can be tested in seconds. An answer is one
+"token" (its menu index), so ``reduction="sum"`` and ``"mean"`` agree.
+
+Rows are assigned to observations on first sight, up to ``capacity``; observations that are not
+strings (e.g. numpy arrays from other PettingZoo environments) are hashed by dtype, shape and
+bytes. Logits start at 0 (the uniform policy). Sampling uses torch's global RNG unless a
+``generator`` is given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from llm_marl.policies.base import Completion
+
+
+def observation_key(observation: Any) -> str:
+    """A stable string key for an observation: the string itself, or a digest of an array."""
+    if isinstance(observation, str):
+        return observation
+    array = np.asarray(observation)
+    digest = hashlib.sha1(array.tobytes()).hexdigest()
+    return f"<{array.dtype}{array.shape}:{digest}>"
+
+
+class TabularPolicy(nn.Module):
+    """A softmax policy ``pi(a | o) = softmax(logits[row(o)])[a]`` over ``actions``."""
+
+    def __init__(self, actions: Sequence[Any], *, capacity: int = 1024, generator: torch.Generator | None = None):
+        super().__init__()
+        if len(actions) < 1:
+            raise ValueError("TabularPolicy needs at least one action")
+        self.actions = list(actions)
+        self._index = {str(a): i for i, a in enumerate(self.actions)}
+        if len(self._index) != len(self.actions):
+            raise ValueError(f"actions must be distinct, got {self.actions}")
+        self.capacity = capacity
+        self.logits = nn.Parameter(torch.zeros(capacity, len(self.actions)))
+        self.rows: dict[str, int] = {}
+        self.generator = generator
+
+    def row(self, observation: Any) -> int:
+        """The table row of ``observation``, assigned on first sight."""
+        key = observation_key(observation)
+        if key not in self.rows:
+            if len(self.rows) >= self.capacity:
+                raise RuntimeError(f"TabularPolicy is full: {self.capacity} distinct observations (raise capacity)")
+            self.rows[key] = len(self.rows)
+        return self.rows[key]
+
+    def probabilities(self, observation: Any) -> torch.Tensor:
+        """The action distribution at ``observation`` (no gradient)."""
+        with torch.no_grad():
+            return torch.softmax(self.logits[self.row(observation)], dim=-1)
+
+    def sample(self, observations: Sequence[Any], num_samples: int) -> list[list[Completion]]:
+        rows = torch.tensor([self.row(o) for o in observations], dtype=torch.long)
+        with torch.no_grad():
+            probs = torch.softmax(self.logits[rows], dim=-1)
+            picks = torch.multinomial(probs, num_samples, replacement=True, generator=self.generator)
+        return [[Completion(str(self.actions[a]), action=int(a)) for a in row.tolist()] for row in picks]
+
+    def action_of(self, completion: Completion) -> int:
+        if completion.action is not None:
+            return completion.action
+        if completion.text not in self._index:
+            raise ValueError(f"{completion.text!r} is not one of this policy's actions {self.actions}")
+        return self._index[completion.text]
+
+    def log_probs(
+        self, observations: Sequence[Any], completions: Sequence[Completion], reduction: str = "sum"
+    ) -> torch.Tensor:
+        if len(observations) != len(completions):
+            raise ValueError(f"{len(observations)} observations but {len(completions)} completions")
+        rows = torch.tensor([self.row(o) for o in observations], dtype=torch.long)
+        picks = torch.tensor([self.action_of(c) for c in completions], dtype=torch.long)
+        return torch.log_softmax(self.logits[rows], dim=-1).gather(1, picks[:, None]).squeeze(1)
+
+    def get_extra_state(self) -> dict[str, Any]:
+        return {"rows": dict(self.rows)}
+
+    def set_extra_state(self, state: dict[str, Any]) -> None:
+        self.rows = dict(state["rows"])
