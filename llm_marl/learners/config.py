@@ -71,13 +71,13 @@ class MAGRPOConfig:
     """Use the transition's text as the next prompt verbatim (drop-in constructor only)."""
     parallel_training: str = "none"
     """"none", or "mp": each agent on its own device, agents run concurrently."""
-    agent_devices: Sequence[str] | None = None
-    """Device of each agent's model; required for parallel_training="mp"."""
+    agent_devices: Sequence[str] | str | None = None
+    """Device of each agent's model (one string: the same for all); required for parallel_training="mp"."""
     reference_kl_enabled: bool = False
     """Subtract a frozen-reference KL penalty from each answer's return."""
     reference_kl_coef: float = 0.1
     """Weight of the reference KL penalty (>= 0)."""
-    reference_devices: Sequence[str] | None = None
+    reference_devices: Sequence[str] | str | None = None
     """Device of each agent's frozen reference model (default: the agent's device)."""
 
     # --- beyond the specification ---
@@ -107,10 +107,12 @@ class MAGRPOConfig:
             self.joint_mode = "cross"
         if self.train_batch_size is None:
             self.train_batch_size = self.rollout_buffer_size
-        if self.agent_devices is not None:
-            self.agent_devices = list(self.agent_devices)
-        if self.reference_devices is not None:
-            self.reference_devices = list(self.reference_devices)
+        for name in ("agent_devices", "reference_devices"):
+            devices = getattr(self, name)
+            if isinstance(devices, str):
+                setattr(self, name, [devices] * self.num_agents)
+            elif devices is not None:
+                setattr(self, name, list(devices))
         self.validate()
 
     def validate(self) -> None:

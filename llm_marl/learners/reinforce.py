@@ -85,7 +85,10 @@ class MAGRPOTrainer:
         eval_aggregator: Callable[..., dict[str, float]] | None = None,
         **anchor_kwargs: Any,
     ):
-        self.args = args if args is not None else self.config_class()
+        if args is None:
+            count = len(anchor_kwargs["agents"]) if anchor_kwargs.get("agents") is not None else anchor_kwargs.get("num_agents")
+            args = self.config_class(num_agents=count) if count is not None else self.config_class()
+        self.args = args
         if not isinstance(self.args, MAGRPOConfig):
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(self.args).__name__}")
         if anchor_kwargs or env is None:
@@ -343,14 +346,14 @@ class MAGRPOTrainer:
         return [list(range(start, min(start + size, n))) for start in range(0, n, size)]
 
     def _hook_metrics(self, env: ParallelEnv, roots: list[RolloutNode]) -> dict[str, float]:
-        per_item = []
+        """Call the eval hooks as the anchor library does: ``eval_logger`` once with every item
+        (``agent_completions_turns[agent][item][turn]``), ``eval_aggregator`` on its list."""
         data = getattr(env, "data", None)
-        for root in roots:
-            chain = list(root.nodes())
-            completions = [[node.completions[a][0].text for node in chain] for a in self.agents]
-            prompts = [[node.observations[a] for node in chain] for a in self.agents]
-            item = data[root.index] if data is not None else {"index": root.index}
-            per_item.extend(self.eval_logger(agent_completions_turns=completions, batch_items=[item], prompts=prompts))
+        chains = [list(root.nodes()) for root in roots]
+        completions = [[[node.completions[a][0].text for node in chain] for chain in chains] for a in self.agents]
+        items = [data[root.index] if data is not None else {"index": root.index} for root in roots]
+        prompts = [item.get("prompt", "") if isinstance(item, Mapping) else "" for item in items]
+        per_item = self.eval_logger(agent_completions_turns=completions, batch_items=items, prompts=prompts)
         aggregated = self.eval_aggregator(per_item, num_turns=self.args.num_turns)
         return {f"eval/{name}": float(value) for name, value in aggregated.items()}
 
@@ -445,4 +448,4 @@ def _progress(total: int, initial: int, enabled: bool) -> Any:
         return _NoProgress()
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, desc="training", unit="batch", dynamic_ncols=True)
+    return tqdm(total=total, initial=initial, desc="training", unit="batch", dynamic_ncols=True, mininterval=1.0)
