@@ -1,0 +1,533 @@
+"""A policy backed by any Hugging Face causal language model (``AutoModelForCausalLM``).
+
+Sampling and scoring are the two halves the learners need (SPEC.md §4):
+
+* :meth:`CausalLMPolicy.sample` answers every observation ``n`` times in ONE batched
+  ``model.generate`` call (left-padded prompts, ``num_return_sequences=n``); it is chunked only
+  when ``max_batch_size`` asks for it. Each :class:`Completion` carries the generated token ids up
+  to and including the first end-of-sequence token, nothing after it.
+* :meth:`CausalLMPolicy.token_log_probs` recomputes, with the current weights, the
+  log-probability of every generated token (the eos included, padding excluded) in as few padded
+  forward passes as ``max_batch_tokens`` allows; :meth:`log_probs` sums (or averages) them.
+
+Design decisions
+----------------
+Layout. A scoring batch is ``[left padding | prompt | answer | right padding]``: prompts are
+left-padded to a common width ``P`` (as in generation), answers start at column ``P`` and are
+right-padded. ``position_ids = cumsum(attention_mask) - 1`` (0 on padding), which is exactly what
+``generate`` uses for left-padded prompts, so a token's score is the one the sampler saw. Logits
+are computed only for the answer columns (``logits_to_keep`` where the model supports it), and the
+chosen tokens' log-probs are ``logit[chosen] - logsumexp(logits)``: no full log-softmax tensor over
+the prompt, no Python loop over tokens.
+
+Score temperature. ``score_temperature="sampling"`` (the default, like TRL) divides the logits by
+the sampling temperature before the softmax, so ``log_probs`` is the log-probability under the
+tempered distribution the answers were drawn from and the policy gradient is that of the sampler.
+A number uses that temperature instead (``1.0`` scores the raw model, e.g. for a reference KL
+against an untempered model). top-k / top-p truncation is never modelled: scores are those of the
+tempered but untruncated distribution (the usual practice; the truncated one has zero probability
+outside the nucleus and is not differentiable in a useful way).
+
+Sampling distribution. The generation config is built from this policy's settings alone:
+``temperature``, ``top_k`` (None → 0, disabled), ``top_p`` (None → 1.0), with repetition
+penalties, n-gram bans, typical-p, epsilon/eta cut-offs and min-length explicitly neutral, so a
+hub model's own ``generation_config.json`` (e.g. ``repetition_penalty=1.05``) cannot silently
+change what is sampled. Only its eos ids are taken over. ``generation_kwargs`` is an escape hatch
+that is passed to ``generate`` as is (then scores may no longer match the sampler).
+
+Padding. A tokenizer without a pad token gets its eos token as pad (with a warning). Since pad may
+equal eos, an answer's end is never found by the pad id: ``token_ids`` stop at the first eos, and
+scoring masks by length.
+
+Dropout. Sampling runs in eval mode under ``torch.no_grad()`` (the model's mode is restored
+afterwards); scoring runs in whatever mode the model is in (``policy.train()`` / ``.eval()``).
+With dropout active, train-mode scores are noisy versions of the sampler's: disable dropout for RL
+(``llm_marl.policies.tiny`` models have none; for others pass e.g. ``resid_pdrop=0.0,
+embd_pdrop=0.0, attn_pdrop=0.0`` to ``from_pretrained``) or accept the mismatch. A warning is
+given when the model has dropout.
+
+Context length. Prompts longer than the model's context minus one token are cut from the left
+(the end of a prompt matters most), and ``max_new_tokens`` is lowered for a generate call whose
+padded prompt width leaves less room than that. Both are applied identically when scoring.
+
+Sampling uses torch's global RNG (the trainer seeds it), so seeded runs repeat.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+
+from llm_marl.policies.base import Completion
+
+__all__ = ["CausalLMPolicy"]
+
+SETTINGS_FILE = "llm_marl_policy.json"
+_SETTING_NAMES = (
+    "max_new_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "score_temperature",
+    "max_batch_size",
+    "max_batch_tokens",
+    "add_special_tokens",
+)
+
+
+def _model_name(model: Any) -> str:
+    name = getattr(model, "name_or_path", None) or getattr(
+        getattr(model, "config", None), "_name_or_path", None
+    )
+    return str(name) if name else type(model).__name__
+
+
+def _context_length(model: Any) -> int | None:
+    config = getattr(model, "config", None)
+    for attribute in ("n_positions", "max_position_embeddings", "n_ctx", "seq_length"):
+        value = getattr(config, attribute, None)
+        if isinstance(value, int) and value > 1:
+            return value
+    return None
+
+
+def _dropout_rates(model: torch.nn.Module) -> dict[str, float]:
+    rates: dict[str, float] = {}
+    config = getattr(model, "config", None)
+    if config is not None:
+        for key, value in config.to_dict().items():
+            if ("dropout" in key or "pdrop" in key) and isinstance(value, (int, float)):
+                if not isinstance(value, bool) and value > 0:
+                    rates[key] = float(value)
+    for name, module in model.named_modules():
+        if isinstance(module, torch.nn.Dropout) and module.p > 0:
+            rates.setdefault(name or "dropout", float(module.p))
+    return rates
+
+
+class CausalLMPolicy:
+    """A :class:`~llm_marl.policies.base.Policy` over a Hugging Face causal LM and its tokenizer.
+
+    Args:
+        model: any ``AutoModelForCausalLM`` (decoder-only) model.
+        tokenizer: its tokenizer; gets its eos token as pad token if it has none (warned).
+        max_new_tokens: cap on generated tokens per answer (an answer without eos has exactly
+            this many tokens, unless the model's context is shorter).
+        temperature: sampling temperature, > 0.
+        top_p: nucleus sampling threshold in (0, 1]; None disables (1.0).
+        top_k: top-k sampling, >= 0; None or 0 disables.
+        score_temperature: ``"sampling"`` (divide logits by ``temperature`` when scoring, like
+            TRL) or a positive number to divide by instead (1.0: the raw model).
+        max_batch_size: at most this many sequences (prompts × samples) per ``generate`` call and
+            rows per scoring forward pass; None: all at once.
+        max_batch_tokens: at most this many padded tokens (rows × (prompt + answer width)) per
+            scoring forward pass (a single row is always allowed); None: no limit.
+        add_special_tokens: passed to the tokenizer for prompts (adds BOS for models that want
+            one; GPT-2 tokenizers add nothing).
+        generation_kwargs: extra keyword arguments for ``model.generate`` (beware: anything that
+            changes the sampling distribution makes scores differ from the sampler).
+        device: where the model runs; default: where its parameters are. The model is moved.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_new_tokens: int = 256,
+        temperature: float = 0.6,
+        top_p: float | None = 0.6,
+        top_k: int | None = 50,
+        score_temperature: str | float = "sampling",
+        max_batch_size: int | None = None,
+        max_batch_tokens: int | None = None,
+        add_special_tokens: bool = True,
+        generation_kwargs: Mapping[str, Any] | None = None,
+        device: str | torch.device | None = None,
+    ) -> None:
+        if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        if not (isinstance(temperature, (int, float)) and temperature > 0):
+            raise ValueError(f"temperature must be > 0, got {temperature!r}")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}")
+        if top_k is not None and (not isinstance(top_k, int) or top_k < 0):
+            raise ValueError(f"top_k must be an int >= 0 or None, got {top_k!r}")
+        if isinstance(score_temperature, str):
+            if score_temperature != "sampling":
+                raise ValueError(
+                    f"score_temperature must be 'sampling' or a number > 0, got {score_temperature!r}"
+                )
+        elif not (isinstance(score_temperature, (int, float)) and score_temperature > 0):
+            raise ValueError(
+                f"score_temperature must be 'sampling' or a number > 0, got {score_temperature!r}"
+            )
+        for name, value in (("max_batch_size", max_batch_size), ("max_batch_tokens", max_batch_tokens)):
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
+
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.temperature = float(temperature)
+        self.top_p = top_p
+        self.top_k = top_k
+        self.score_temperature = score_temperature
+        self.max_batch_size = max_batch_size
+        self.max_batch_tokens = max_batch_tokens
+        self.add_special_tokens = add_special_tokens
+        self.generation_kwargs = dict(generation_kwargs or {})
+        self.name = _model_name(model)
+
+        eos_ids: list[int] = []
+        config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        for candidate in (tokenizer.eos_token_id, config_eos):
+            for token in candidate if isinstance(candidate, (list, tuple)) else [candidate]:
+                if token is not None and int(token) not in eos_ids:
+                    eos_ids.append(int(token))
+        if not eos_ids:
+            raise ValueError(f"{self.name}: the tokenizer and model define no eos token")
+        self.eos_token_ids: tuple[int, ...] = tuple(eos_ids)
+        if tokenizer.pad_token_id is None:
+            warnings.warn(
+                f"the tokenizer of {self.name} has no pad token; using its eos token "
+                f"{tokenizer.eos_token!r} as pad token",
+                stacklevel=2,
+            )
+            if tokenizer.eos_token is not None:
+                tokenizer.pad_token = tokenizer.eos_token
+            else:
+                tokenizer.pad_token_id = eos_ids[0]
+        self.pad_token_id: int = int(tokenizer.pad_token_id)
+        start = getattr(tokenizer, "bos_token_id", None)
+        self._empty_prompt_id = int(start) if start is not None else eos_ids[0]
+        self.context_length = _context_length(model)
+
+        forward = inspect.signature(model.forward).parameters
+        self._takes_position_ids = "position_ids" in forward
+        self._takes_logits_to_keep = "logits_to_keep" in forward
+
+        dropout = _dropout_rates(model)
+        if dropout:
+            shown = ", ".join(f"{k}={v}" for k, v in list(dropout.items())[:4])
+            warnings.warn(
+                f"{self.name} has dropout ({shown}): in train mode its log-probs are computed with "
+                "dropout and differ from the sampling distribution; disable dropout for RL "
+                "(set those config values to 0) or accept the mismatch",
+                stacklevel=2,
+            )
+        if device is not None:
+            self.to(device)
+
+    # ------------------------------------------------------------------ construction / state
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_id: str | os.PathLike[str],
+        *,
+        model_kwargs: Mapping[str, Any] | None = None,
+        tokenizer_kwargs: Mapping[str, Any] | None = None,
+        **settings: Any,
+    ) -> "CausalLMPolicy":
+        """Load model and tokenizer with the ``Auto*`` classes and wrap them.
+
+        Generation settings saved by :meth:`save_pretrained` (``llm_marl_policy.json``) are the
+        defaults; keyword ``settings`` (those of the constructor) override them.
+        ``model_kwargs`` / ``tokenizer_kwargs`` go to the respective ``from_pretrained``.
+        """
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        saved: dict[str, Any] = {}
+        settings_file = Path(path_or_id) / SETTINGS_FILE
+        if settings_file.is_file():
+            with open(settings_file, encoding="utf-8") as handle:
+                saved = {k: v for k, v in json.load(handle).items() if k in _SETTING_NAMES}
+        model = AutoModelForCausalLM.from_pretrained(path_or_id, **dict(model_kwargs or {}))
+        tokenizer = AutoTokenizer.from_pretrained(path_or_id, **dict(tokenizer_kwargs or {}))
+        return cls(model, tokenizer, **{**saved, **settings})
+
+    def settings(self) -> dict[str, Any]:
+        """The generation and scoring settings (JSON-serialisable), as saved with the model."""
+        return {name: getattr(self, name) for name in _SETTING_NAMES}
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
+        """Save model, tokenizer and this policy's settings; reload with :meth:`from_pretrained`."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        self.model.save_pretrained(path)
+        self.tokenizer.save_pretrained(path)
+        with open(path / SETTINGS_FILE, "w", encoding="utf-8") as handle:
+            json.dump(self.settings(), handle, indent=2)
+        return path
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        return self.model.parameters()
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        return self.model.named_parameters()
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self.model.state_dict()
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> Any:
+        return self.model.load_state_dict(state_dict, strict=strict)
+
+    @property
+    def device(self) -> torch.device:
+        try:
+            return next(self.model.parameters()).device
+        except StopIteration:  # pragma: no cover - a model without parameters
+            return torch.device("cpu")
+
+    def to(self, device: str | torch.device) -> "CausalLMPolicy":
+        self.model.to(device)
+        return self
+
+    @property
+    def training(self) -> bool:
+        return bool(self.model.training)
+
+    def train(self, mode: bool = True) -> "CausalLMPolicy":
+        self.model.train(mode)
+        return self
+
+    def eval(self) -> "CausalLMPolicy":
+        return self.train(False)
+
+    def __repr__(self) -> str:
+        return (
+            f"CausalLMPolicy({self.name!r}, max_new_tokens={self.max_new_tokens}, "
+            f"temperature={self.temperature}, top_p={self.top_p}, top_k={self.top_k}, "
+            f"score_temperature={self.score_temperature!r})"
+        )
+
+    # ------------------------------------------------------------------ tokens
+
+    @property
+    def effective_score_temperature(self) -> float:
+        if self.score_temperature == "sampling":
+            return self.temperature
+        return float(self.score_temperature)
+
+    def encode_prompts(self, observations: Sequence[str]) -> list[list[int]]:
+        """Token ids of each prompt as generation and scoring see them (cut from the left to fit)."""
+        if not observations:
+            return []
+        encoded = self.tokenizer(
+            list(observations), add_special_tokens=self.add_special_tokens, verbose=False
+        )["input_ids"]
+        limit = self.context_length - 1 if self.context_length else None
+        prompts = []
+        for ids in encoded:
+            ids = list(ids) or [self._empty_prompt_id]
+            prompts.append(ids[-limit:] if limit and len(ids) > limit else ids)
+        return prompts
+
+    def _answer_ids(self, completion: Completion) -> list[int]:
+        if completion.token_ids is not None:
+            return [int(t) for t in completion.token_ids]
+        # A completion from elsewhere (text only): its tokens, then eos (a finished answer).
+        ids = self.tokenizer(completion.text, add_special_tokens=False, verbose=False)["input_ids"]
+        return list(ids) + [self.eos_token_ids[0]]
+
+    def _completion(self, generated: list[int]) -> Completion:
+        for index, token in enumerate(generated):
+            if token in self.eos_token_ids:
+                generated = generated[: index + 1]
+                break
+        text = self.tokenizer.decode(generated, skip_special_tokens=True)
+        return Completion(text=text, token_ids=tuple(generated))
+
+    # ------------------------------------------------------------------ sampling
+
+    def generation_config(self, max_new_tokens: int, num_return_sequences: int):
+        """The ``GenerationConfig`` of one ``generate`` call: this policy's sampler, nothing else."""
+        from transformers import GenerationConfig
+
+        return GenerationConfig(
+            do_sample=True,
+            num_beams=1,
+            temperature=self.temperature,
+            top_k=0 if self.top_k is None else self.top_k,
+            top_p=1.0 if self.top_p is None else float(self.top_p),
+            max_new_tokens=max_new_tokens,
+            num_return_sequences=num_return_sequences,
+            eos_token_id=list(self.eos_token_ids),
+            pad_token_id=self.pad_token_id,
+            # Neutral values, so that a model's own generation_config cannot change the sampler.
+            min_length=0,
+            typical_p=1.0,
+            epsilon_cutoff=0.0,
+            eta_cutoff=0.0,
+            repetition_penalty=1.0,
+            encoder_repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            renormalize_logits=False,
+            use_cache=True,
+        )
+
+    def _left_pad(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(ids) for ids in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, ids in enumerate(prompts):
+            if ids:
+                input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+                attention_mask[row, width - len(ids) :] = 1
+        return input_ids.to(self.device), attention_mask.to(self.device)
+
+    def _max_new_tokens(self, prompt_width: int) -> int:
+        if self.context_length is None:
+            return self.max_new_tokens
+        return max(1, min(self.max_new_tokens, self.context_length - prompt_width))
+
+    def sample(self, observations: Sequence[str], num_samples: int) -> list[list[Completion]]:
+        """``num_samples`` answers per observation, from one batched ``generate`` call."""
+        if not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
+        prompts = self.encode_prompts(list(observations))
+        if not prompts:
+            return []
+        per_call = len(prompts)
+        if self.max_batch_size is not None:
+            per_call = max(1, self.max_batch_size // num_samples)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.no_grad():
+                answers: list[list[Completion]] = []
+                for start in range(0, len(prompts), per_call):
+                    answers += self._generate(prompts[start : start + per_call], num_samples)
+        finally:
+            self.model.train(was_training)
+        return answers
+
+    def _generate(self, prompts: list[list[int]], num_samples: int) -> list[list[Completion]]:
+        input_ids, attention_mask = self._left_pad(prompts)
+        width = input_ids.shape[1]
+        config = self.generation_config(self._max_new_tokens(width), num_samples)
+        model_kwargs = config.update(**self.generation_kwargs)  # the rest goes to the model
+        sequences = self.model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            generation_config=config,
+            **model_kwargs,
+        )
+        if not isinstance(sequences, torch.Tensor):  # return_dict_in_generate via generation_kwargs
+            sequences = sequences.sequences
+        rows = [self._completion(row) for row in sequences[:, width:].tolist()]
+        return [rows[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
+
+    # ------------------------------------------------------------------ scoring
+
+    def _chunks(self, prompts: list[list[int]], answers: list[list[int]]) -> list[range]:
+        """Consecutive rows per forward pass, within max_batch_size and max_batch_tokens."""
+        chunks: list[range] = []
+        start, width_p, width_a = 0, 0, 0
+        for row in range(len(prompts)):
+            new_p = max(width_p, len(prompts[row]))
+            new_a = max(width_a, len(answers[row]))
+            rows = row - start + 1
+            too_many = self.max_batch_size is not None and rows > self.max_batch_size
+            too_big = self.max_batch_tokens is not None and rows * (new_p + new_a) > self.max_batch_tokens
+            if rows > 1 and (too_many or too_big):
+                chunks.append(range(start, row))
+                start, new_p, new_a = row, len(prompts[row]), len(answers[row])
+            width_p, width_a = new_p, new_a
+        if start < len(prompts):
+            chunks.append(range(start, len(prompts)))
+        return chunks
+
+    def token_log_probs(
+        self, observations: Sequence[str], completions: Sequence[Completion]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-token log-probs ``(values, mask)``, both ``[batch, max_answer_tokens]``.
+
+        ``values[b, t]`` is the log-probability of answer ``b``'s token ``t`` given its prompt and
+        the tokens before it (logits divided by the score temperature), differentiable; 0 where
+        ``mask`` is False (padding). Every generated token is scored, the eos included.
+        """
+        observations, completions = list(observations), list(completions)
+        if len(observations) != len(completions):
+            raise ValueError(
+                f"got {len(observations)} observations but {len(completions)} completions"
+            )
+        prompts = self.encode_prompts(observations)
+        answers = [self._answer_ids(c) for c in completions]
+        width = max((len(a) for a in answers), default=0)
+        values, masks = [], []
+        for rows in self._chunks(prompts, answers):
+            v, m = self._score([prompts[i] for i in rows], [answers[i] for i in rows])
+            pad = width - v.shape[1]
+            values.append(torch.nn.functional.pad(v, (0, pad)))
+            masks.append(torch.nn.functional.pad(m, (0, pad)))
+        if not values:
+            return torch.zeros((0, 0), device=self.device), torch.zeros(
+                (0, 0), dtype=torch.bool, device=self.device
+            )
+        return torch.cat(values), torch.cat(masks)
+
+    def _score(
+        self, prompts: list[list[int]], answers: list[list[int]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        device = self.device
+        lengths = torch.tensor([len(a) for a in answers], device=device)
+        width_a = int(lengths.max()) if answers else 0
+        if width_a == 0:
+            shape = (len(answers), 0)
+            return torch.zeros(shape, device=device), torch.zeros(shape, dtype=torch.bool, device=device)
+        width_p = max(len(p) for p in prompts)
+        batch = len(prompts)
+        input_ids = torch.full((batch, width_p + width_a), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros_like(input_ids)
+        for row, (prompt, answer) in enumerate(zip(prompts, answers)):
+            input_ids[row, width_p - len(prompt) : width_p] = torch.tensor(prompt, dtype=torch.long)
+            attention_mask[row, width_p - len(prompt) : width_p + len(answer)] = 1
+            if answer:
+                input_ids[row, width_p : width_p + len(answer)] = torch.tensor(answer, dtype=torch.long)
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        inputs: dict[str, Any] = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "use_cache": False,
+        }
+        if self._takes_position_ids:
+            # As generate does for left padding: positions count real tokens only.
+            inputs["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        if self._takes_logits_to_keep:
+            inputs["logits_to_keep"] = width_a + 1
+        logits = self.model(**inputs).logits
+        # Column width_p - 1 + t predicts answer token t: the last width_a + 1 columns minus one.
+        logits = logits[:, -(width_a + 1) : -1].float() / self.effective_score_temperature
+        targets = input_ids[:, width_p:]
+        chosen = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        values = chosen - torch.logsumexp(logits, dim=-1)
+        mask = torch.arange(width_a, device=device).unsqueeze(0) < lengths.unsqueeze(1)
+        values = torch.where(mask, values, torch.zeros_like(values))
+        return values, mask
+
+    def log_probs(
+        self,
+        observations: Sequence[str],
+        completions: Sequence[Completion],
+        reduction: str = "sum",
+    ) -> torch.Tensor:
+        """Log-probability of each whole answer: sum (or mean) of its token log-probs.
+
+        Differentiable; one value per (observation, completion) pair. ``reduction="mean"``
+        divides by the answer's token count (eos included); an empty answer gives 0.
+        """
+        if reduction not in ("sum", "mean"):
+            raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
+        values, mask = self.token_log_probs(observations, completions)
+        total = values.sum(dim=-1)
+        if reduction == "mean":
+            total = total / mask.sum(dim=-1).clamp(min=1)
+        return total

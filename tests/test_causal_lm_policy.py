@@ -1,0 +1,286 @@
+"""CausalLMPolicy on a tiny local GPT-2: sampling, exact log-probs, batching, gradients."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from llm_marl.policies.base import Completion, Policy, token_log_probs_of
+from llm_marl.policies.causal_lm import CausalLMPolicy
+from llm_marl.policies.tiny import build_tiny_model
+
+torch.set_num_threads(1)
+
+PROMPTS = ["The assert statement", "A", "If the module being imported is not a top level module,"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", pretrain_steps=20, batch_size=8)
+
+
+def make(model_dir, **settings):
+    return CausalLMPolicy.from_pretrained(model_dir, **settings)
+
+
+def flat(groups):
+    return [c for group in groups for c in group]
+
+
+def hand_log_prob(model, prompt_ids, answer_ids, temperature):
+    """One sequence, no padding, default positions: sum of log p(answer token | prefix)."""
+    ids = torch.tensor([prompt_ids + answer_ids])
+    logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1] / temperature
+    logp = torch.log_softmax(logits.double(), -1)
+    return logp.gather(-1, torch.tensor(answer_ids).unsqueeze(-1)).squeeze(-1)
+
+
+def test_is_a_policy_and_samples_n_per_prompt(model_dir):
+    policy = make(model_dir, max_new_tokens=12)
+    assert isinstance(policy, Policy)
+    eos = policy.eos_token_ids[0]
+    torch.manual_seed(0)
+    groups = policy.sample(PROMPTS, 4)
+    assert len(groups) == len(PROMPTS) and all(len(g) == 4 for g in groups)
+    ended = 0
+    for c in flat(groups):
+        assert isinstance(c.token_ids, tuple) and all(type(t) is int for t in c.token_ids)
+        assert 1 <= len(c.token_ids) <= 12
+        assert eos not in c.token_ids[:-1]  # nothing after the first eos, no padding inside
+        if c.token_ids[-1] == eos:
+            ended += 1
+        else:
+            assert len(c.token_ids) == 12  # cut by max_new_tokens
+        assert c.text == policy.tokenizer.decode(c.token_ids, skip_special_tokens=True)
+    assert ended > 0
+    assert len(set(flat(groups))) >= 2  # hashable, and not all equal
+    torch.manual_seed(0)
+    assert policy.sample(PROMPTS, 4) == groups  # seeded by torch's global RNG
+    assert policy.sample([], 3) == []
+    with pytest.raises(ValueError):
+        policy.sample(PROMPTS, 0)
+
+
+def test_one_generate_call_unless_max_batch_size(model_dir, monkeypatch):
+    policy = make(model_dir, max_new_tokens=4)
+    calls = []
+    original = policy.model.generate
+
+    def counting(*args, **kwargs):
+        calls.append(kwargs["input_ids"].shape[0] * kwargs["generation_config"].num_return_sequences)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(policy.model, "generate", counting)
+    policy.sample(PROMPTS, 3)
+    assert calls == [9]
+    calls.clear()
+    policy.max_batch_size = 6  # two prompts x 3 samples per call
+    assert [len(g) for g in policy.sample(PROMPTS, 3)] == [3, 3, 3]
+    assert calls == [6, 3]
+
+
+def test_sampling_restores_mode_and_builds_no_graph(model_dir):
+    policy = make(model_dir, max_new_tokens=3).train()
+    policy.sample(PROMPTS[:1], 2)
+    assert policy.training
+    policy.eval()
+    policy.sample(PROMPTS[:1], 2)
+    assert not policy.training
+
+
+def answers_of_different_lengths(policy):
+    eos = policy.eos_token_ids[0]
+    encode = lambda text: policy.tokenizer(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    return [
+        Completion("is used for debugging.", tuple(encode(" is used for debugging.") + [eos])),
+        Completion("", (eos,)),  # an immediately ended answer: one token, the eos
+        Completion("x", tuple(encode(" and the value of the expression is returned"))),  # no eos
+        Completion("y", tuple(encode(" a"))),
+    ]
+
+
+@pytest.mark.parametrize("score_temperature", ["sampling", 1.0])
+def test_log_probs_equal_hand_computation(model_dir, score_temperature):
+    policy = make(model_dir, temperature=0.7, score_temperature=score_temperature)
+    temperature = 0.7 if score_temperature == "sampling" else 1.0
+    completions = answers_of_different_lengths(policy)
+    observations = PROMPTS + [PROMPTS[0]]
+    values, mask = policy.token_log_probs(observations, completions)
+    lengths = [len(c.token_ids) for c in completions]
+    assert values.shape == mask.shape == (4, max(lengths))
+    assert mask.sum(-1).tolist() == lengths
+    assert torch.all(values[~mask] == 0)
+
+    sums = policy.log_probs(observations, completions)
+    means = policy.log_probs(observations, completions, reduction="mean")
+    with torch.no_grad():
+        for row, (obs, c) in enumerate(zip(observations, completions)):
+            prompt = policy.tokenizer(obs)["input_ids"]
+            expected = hand_log_prob(policy.model, prompt, list(c.token_ids), temperature)
+            n = len(c.token_ids)
+            torch.testing.assert_close(values[row, :n].double(), expected, atol=1e-4, rtol=0)
+            assert sums[row].item() == pytest.approx(expected.sum().item(), abs=1e-4)
+            assert means[row].item() == pytest.approx(expected.sum().item() / n, abs=1e-4)
+    with pytest.raises(ValueError, match="reduction"):
+        policy.log_probs(observations, completions, reduction="max")
+
+
+def test_batched_equals_one_at_a_time_and_chunked(model_dir):
+    policy = make(model_dir, max_new_tokens=10)
+    torch.manual_seed(1)
+    observations = [o for o in PROMPTS for _ in range(3)]
+    completions = flat(policy.sample(PROMPTS, 3))
+    with torch.no_grad():
+        batched = policy.log_probs(observations, completions)
+        single = torch.stack(
+            [policy.log_probs([o], [c])[0] for o, c in zip(observations, completions)]
+        )
+        policy.max_batch_tokens = 40  # several forward passes of a few rows each
+        chunked = policy.log_probs(observations, completions)
+        values, mask = policy.token_log_probs(observations, completions)
+    torch.testing.assert_close(batched, single, atol=1e-4, rtol=0)
+    torch.testing.assert_close(batched, chunked, atol=1e-4, rtol=0)
+    assert mask.sum(-1).tolist() == [len(c.token_ids) for c in completions]
+    # token_log_probs_of (used for the reference KL) picks the policy's own per-token values
+    values_of, _ = token_log_probs_of(policy, observations, completions)
+    torch.testing.assert_close(values_of, values)
+
+
+def test_scores_match_generate_transition_scores(model_dir):
+    """At temperature 1 without truncation, our scoring layout reproduces generate's own scores."""
+    policy = make(model_dir, max_new_tokens=16, temperature=1.0, top_k=None, top_p=None)
+    prompts = policy.encode_prompts(PROMPTS)
+    width = max(map(len, prompts))
+    input_ids = torch.tensor([[0] * (width - len(p)) + p for p in prompts])
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    torch.manual_seed(3)
+    out = policy.model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        do_sample=True,
+        temperature=1.0,
+        top_k=0,
+        top_p=1.0,
+        max_new_tokens=16,
+        num_return_sequences=2,
+        pad_token_id=0,
+        eos_token_id=0,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    scores = policy.model.compute_transition_scores(out.sequences, out.scores, normalize_logits=True)
+    completions = [policy._completion(row) for row in out.sequences[:, width:].tolist()]
+    observations = [o for o in PROMPTS for _ in range(2)]
+    with torch.no_grad():
+        values, mask = policy.token_log_probs(observations, completions)
+    for row, c in enumerate(completions):
+        n = len(c.token_ids)
+        torch.testing.assert_close(values[row, :n], scores[row, :n], atol=1e-4, rtol=0)
+    # policy.sample draws from exactly that distribution: same seed, same tokens
+    torch.manual_seed(3)
+    assert flat(policy.sample(PROMPTS, 2)) == completions
+
+
+def test_model_generation_config_cannot_change_the_sampler(model_dir):
+    policy = make(model_dir, max_new_tokens=10)
+    torch.manual_seed(5)
+    plain = policy.sample(PROMPTS, 2)
+    policy.model.generation_config.repetition_penalty = 5.0
+    policy.model.generation_config.no_repeat_ngram_size = 1
+    torch.manual_seed(5)
+    assert policy.sample(PROMPTS, 2) == plain
+
+
+def test_gradients_flow(model_dir):
+    policy = make(model_dir).train()
+    completions = answers_of_different_lengths(policy)
+    loss = -policy.log_probs(PROMPTS + [PROMPTS[0]], completions).mean()
+    loss.backward()
+    grads = {name: p.grad for name, p in policy.named_parameters()}
+    assert all(g is not None and torch.isfinite(g).all() for g in grads.values())
+    assert all(g.abs().sum() > 0 for name, g in grads.items() if "wpe" not in name)
+    # padding takes no part: the gradient of a padded answer's value is that of the unpadded one
+    policy.model.zero_grad()
+    policy.log_probs([PROMPTS[1]], [completions[1]])[0].backward()
+    alone = policy.model.transformer.wte.weight.grad.clone()
+    policy.model.zero_grad()
+    policy.log_probs(PROMPTS + [PROMPTS[0]], completions)[1].backward()
+    torch.testing.assert_close(policy.model.transformer.wte.weight.grad, alone, atol=1e-5, rtol=1e-4)
+
+
+def test_text_only_and_empty_prompts(model_dir):
+    policy = make(model_dir, max_new_tokens=5)
+    eos = policy.eos_token_ids[0]
+    ids = policy.tokenizer(" is used.", add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        by_text = policy.log_probs(["The assert statement"], [Completion(" is used.")])
+        by_ids = policy.log_probs(["The assert statement"], [Completion("", tuple(ids + [eos]))])
+    torch.testing.assert_close(by_text, by_ids)
+    torch.manual_seed(0)
+    (group,) = policy.sample([""], 2)
+    assert len(group) == 2 and policy.log_probs(["", ""], group).isfinite().all()
+
+
+def test_prompt_longer_than_context_is_cut_from_the_left(model_dir):
+    policy = make(model_dir, max_new_tokens=8)
+    long_prompt = "The assert statement is used for debugging. " * 80
+    (prompt,) = policy.encode_prompts([long_prompt])
+    assert len(prompt) == policy.context_length - 1
+    torch.manual_seed(0)
+    (group,) = policy.sample([long_prompt], 2)
+    assert all(len(c.token_ids) == 1 for c in group)  # the context leaves room for one token
+    assert policy.log_probs([long_prompt] * 2, group).isfinite().all()
+
+
+def test_missing_pad_token_is_warned_and_set(model_dir):
+    model = AutoModelForCausalLM.from_pretrained(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer.pad_token = None
+    with pytest.warns(UserWarning, match="no pad token"):
+        policy = CausalLMPolicy(model, tokenizer)
+    assert tokenizer.pad_token_id == tokenizer.eos_token_id == policy.pad_token_id
+
+
+def test_dropout_is_warned(model_dir):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, resid_pdrop=0.1)
+    with pytest.warns(UserWarning, match="dropout"):
+        CausalLMPolicy(model, AutoTokenizer.from_pretrained(model_dir))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make(model_dir)  # the tiny model has no dropout: no warning
+
+
+def test_save_and_load_round_trip(model_dir, tmp_path):
+    policy = make(model_dir, max_new_tokens=7, temperature=0.9, top_k=None)
+    with torch.no_grad():
+        for p in policy.parameters():
+            p.add_(0.01)
+    policy.save_pretrained(tmp_path / "saved")
+    loaded = CausalLMPolicy.from_pretrained(tmp_path / "saved", top_p=0.5)
+    assert (loaded.max_new_tokens, loaded.temperature, loaded.top_k, loaded.top_p) == (7, 0.9, None, 0.5)
+    state = policy.state_dict()
+    assert all(torch.equal(state[k], v) for k, v in loaded.state_dict().items())
+    fresh = make(model_dir)
+    fresh.load_state_dict(state)
+    assert all(torch.equal(state[k], v) for k, v in fresh.state_dict().items())
+    assert fresh.to("cpu") is fresh and fresh.device.type == "cpu"
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"temperature": 0},
+        {"top_p": 0},
+        {"top_k": -1},
+        {"max_new_tokens": 0},
+        {"score_temperature": "greedy"},
+        {"score_temperature": -1.0},
+        {"max_batch_tokens": 0},
+    ],
+)
+def test_invalid_settings(model_dir, bad):
+    with pytest.raises(ValueError, match=next(iter(bad))):
+        make(model_dir, **bad)
