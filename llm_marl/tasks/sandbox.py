@@ -1,0 +1,941 @@
+"""Isolated execution of untrusted Python: model-written code never runs in the trainer's process.
+
+Use
+---
+``run_program(code)`` runs ``code`` in a fresh interpreter (``python -I -S -B``: isolated mode,
+no site-packages, so only the standard library is importable) in a separate, limited process
+and returns a :class:`SandboxResult` with the exit status, the captured output and a
+human-readable ``reason`` ("ok", "timeout after 2.0s", "memory limit", "output limit exceeded",
+"exit code 1: ValueError: ...", "killed by signal 11 (SIGSEGV)", ...). A misbehaving program is
+a *result*, never an exception; :class:`SandboxError` is raised only when the sandbox itself
+cannot be set up. ``run_programs(codes)`` runs many programs at once (a thread pool of waiting
+threads, each sandbox its own process); ``run_tests(program, tests)`` runs a program and then
+each test statement (``assert f(1) == 2``) in one sandbox and reports every test separately.
+
+Always enforced (the sandbox needs Linux)
+-----------------------------------------
+- Wall-clock ``timeout``; then the program and everything it started are killed (SIGKILL, so
+  ignoring SIGTERM does not help).
+- Resource limits on the program's processes (``setrlimit``, inherited by its children):
+  CPU seconds per process (``cpu_time``, default ``timeout`` + 1 so that a single-threaded
+  program meets the wall clock first; "cpu time limit"); address space per process
+  (``memory_mb``; Python raises ``MemoryError``: "memory limit"); size of any file written
+  (``max_file_bytes``; Python gets ``OSError: [Errno 27] File too large``: "file size
+  limit"); processes and threads at once (``max_processes``, the program included); no core
+  files.
+- Output: stdout and stderr are read as they arrive; once together they pass
+  ``max_output_bytes`` the program is killed and the output truncated ("output limit
+  exceeded"). The caller never holds more than that.
+- A fresh working directory (also ``HOME`` and ``TMPDIR``), removed afterwards.
+- A clean environment: ``PATH``, ``LANG``, ``HOME``, ``TMPDIR`` and the ``env`` you pass;
+  nothing is inherited from the caller.
+- ``no_new_privs``: set-uid binaries cannot gain privileges.
+- The program is never the caller's child: it runs under a small supervisor, in a session of
+  its own, so ``os.kill(os.getppid(), 9)`` reaches the supervisor at most. If the caller dies,
+  the supervisor is killed too (and with namespaces, everything in the sandbox).
+
+What depends on privileges (named in ``SandboxResult.protections``)
+-------------------------------------------------------------------
+- ``"uid-drop"`` (the caller is root): the program runs as a fresh random uid and gid, with no
+  supplementary groups and no capabilities. This is what makes the process limit bind:
+  RLIMIT_NPROC does not bind root, and it counts per uid, so each sandbox gets its own uid.
+  The program cannot signal or ptrace your processes, read their ``/proc/<pid>/environ``, or
+  write where only root may. Without namespaces, leftovers are killed by signalling every
+  process of that uid. As root without namespaces, an interpreter that an unprivileged uid
+  cannot reach (e.g. under ``/root``) is refused with :class:`SandboxError` rather than run
+  with an unbounded process count; pass ``python=`` with one it can reach.
+- ``"pid-namespace"``, ``"net-namespace"``, ``"read-only-fs"`` (as root, or through a user
+  namespace otherwise; probed once per process by running a trivial program, and dropped with
+  a logged warning when unavailable): the program sees only its own processes (``/proc`` is
+  remounted); has no network at all (a loopback interface that is down: it cannot reach the
+  host's ``127.0.0.1`` either); and sees every file system read-only except its working
+  directory, a private tmpfs of ``max_disk_bytes`` (memory, not disk). So it cannot write to
+  ``/tmp``, ``/var/tmp``, ``/dev/shm`` or the repository, nor fill the disk. Directories above
+  the interpreter that an unprivileged uid could not enter (``/root`` for a pyenv Python) are
+  covered by an empty read-only tmpfs with only the interpreter bound back in, which hides the
+  rest of them. When the program ends or is killed the pid namespace dies with it: nothing it
+  started, daemons included, survives.
+- ``"user-namespace"``: the unprivileged form of the above; the program keeps your uid.
+
+What it does not protect against
+--------------------------------
+- Reading world-readable files, and connecting to world-writable Unix sockets on the host.
+- Without namespaces: network access, writing to world-writable directories such as ``/tmp``,
+  and seeing (not signalling) other processes in ``/proc``.
+- Without root and without user namespaces only the rlimits apply: the program runs as your
+  user and can signal your processes (even the supervisor, which then raises SandboxError),
+  the process limit counts all of your processes (so it may refuse any fork), and a program
+  that calls ``setsid()`` can leave processes behind.
+- Kernel exploits and side channels. There is no seccomp filter and no cgroup: ``memory_mb``
+  bounds each process, so a program may use up to ``max_processes * memory_mb``.
+- With namespaces, POSIX shared memory and semaphores (``multiprocessing`` locks) do not work.
+- :func:`run_tests` is as honest as the program: the harness and the program share one
+  interpreter, so a program written to inspect the harness can forge its verdicts (it still
+  cannot leave the sandbox). Ordinary prints cannot: verdicts travel on lines that start with
+  a random marker.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import math
+import os
+import re
+import secrets
+import selectors
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Mapping, NamedTuple, Sequence
+
+__all__ = [
+    "LoadError",
+    "SandboxError",
+    "SandboxResult",
+    "TestOutcome",
+    "TestReport",
+    "run_program",
+    "run_programs",
+    "run_tests",
+]
+
+logger = logging.getLogger(__name__)
+
+_PATH = "/usr/local/bin:/usr/bin:/bin"
+_READ_CHUNK = 65536
+_STOP_GRACE = 2.0  # seconds a stopped sandbox gets to exit (and its pipes to close)
+_UID_RANGE = (1 << 24, 1 << 30)  # fresh uids are drawn from here; far above real accounts
+
+
+class SandboxError(RuntimeError):
+    """The sandbox could not be set up, or its supervisor failed; a misbehaving program is
+    reported in a :class:`SandboxResult` instead."""
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    """How one sandboxed program ended.
+
+    ``returncode`` is the exit code, or ``-N`` when the program was killed by signal N (a
+    timeout or the output limit kills with SIGKILL). ``stdout``/``stderr`` are decoded as UTF-8
+    (invalid bytes replaced). ``duration`` is wall-clock seconds. ``protections`` names the
+    isolation that was in force (see the module documentation).
+    """
+
+    returncode: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+    reason: str
+    output_truncated: bool
+    duration: float
+    protections: tuple[str, ...]
+
+    @property
+    def ok(self) -> bool:
+        """True when the program exited with code 0 within its time."""
+        return self.returncode == 0 and not self.timed_out
+
+
+class _Limits(NamedTuple):
+    """run_program's keyword arguments, validated."""
+
+    timeout: float
+    memory_mb: int
+    max_output_bytes: int
+    max_file_bytes: int
+    max_disk_bytes: int
+    max_processes: int
+    cpu_time: float | None
+    stdin: str | None
+    env: dict[str, str]
+    python: str | None
+
+
+@dataclass(frozen=True)
+class _Isolation:
+    """What this process can set up: namespaces (and whether through a user namespace)."""
+
+    namespaces: bool
+    userns: bool
+
+
+# --------------------------------------------------------------------------------------------
+# The supervisor. It runs as `python -I -S -c _SUPERVISOR <fd>` with the caller's privileges,
+# reads its configuration (JSON) from that pipe and forks twice:
+#   launcher L: enters the namespaces, waits for I;
+#   init I (pid 1 of the new pid namespace): sets up the file system, reaps, reports the
+#     program's exit status, kills what the program left;
+#   program: limits itself, drops its uid and execs the interpreter on the program file.
+# SIGTERM to L asks for a stop: L forwards it to I, which SIGKILLs the program's process group
+# and reports. L outlives I, so once L has exited the pid namespace is empty.
+# Status lines (JSON) go to the caller on the file descriptor CONFIG["status_fd"]:
+# {"exit": n} | {"signal": n} | {"error": text}.
+_SUPERVISOR = r'''
+import ctypes, json, os, resource, signal, sys
+
+with os.fdopen(int(sys.argv[1]), "rb") as config_file:
+    CONFIG = json.loads(config_file.read())
+STATUS = CONFIG["status_fd"]
+LIBC = ctypes.CDLL(None, use_errno=True)
+LIBC.mount.argtypes = (ctypes.c_char_p,) * 3 + (ctypes.c_ulong, ctypes.c_char_p)
+LIBC.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
+LIBC.unshare.argtypes = (ctypes.c_int,)
+LIBC.prctl.argtypes = (ctypes.c_int,) + (ctypes.c_ulong,) * 4
+CLONE_NEWNS, CLONE_NEWUSER = 0x20000, 0x10000000
+CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
+MNT_DETACH, PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 2, 1, 38
+NOT_MADE_READ_ONLY = ("/proc", "/sys", "/dev/pts")  # with their submounts; and /dev itself
+TERM = {signal.SIGTERM}
+
+
+def report(**record):
+    os.write(STATUS, (json.dumps(record) + "\n").encode())
+
+
+def call(name, *args):
+    if getattr(LIBC, name)(*args) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, "%s%r: %s" % (name, args, os.strerror(err)))
+
+
+def encoded(text):
+    return None if text is None else text.encode()
+
+
+def mount(source, target, fstype, flags, data=None):
+    call("mount", encoded(source), encoded(target), encoded(fstype), flags, encoded(data))
+
+
+def write_file(path, text):
+    with open(path, "w") as file:
+        file.write(text)
+
+
+def enter_namespaces():
+    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET
+    if not CONFIG["userns"]:
+        call("unshare", flags)
+        return
+    uid, gid = os.getuid(), os.getgid()
+    call("unshare", flags | CLONE_NEWUSER)
+    write_file("/proc/self/setgroups", "deny")
+    write_file("/proc/self/uid_map", "%d %d 1" % (uid, uid))
+    write_file("/proc/self/gid_map", "%d %d 1" % (gid, gid))
+
+
+def mount_points():
+    with open("/proc/self/mountinfo") as file:
+        for line in file:
+            fields = line.split()
+            path = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
+            yield path, set(fields[5].split(","))
+
+
+def remount_read_only(path, options):
+    flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+    for name, bit in (("nosuid", MS_NOSUID), ("nodev", MS_NODEV), ("noexec", MS_NOEXEC)):
+        if name in options:
+            flags |= bit
+    mount(None, path, None, flags)
+
+
+def closed_ancestor(path):
+    """The first directory above path that an unprivileged uid cannot enter, or None."""
+    parts = path.strip("/").split("/")[:-1]
+    for depth in range(len(parts) + 1):
+        ancestor = "/" + "/".join(parts[:depth])
+        if not os.stat(ancestor).st_mode & 0o001:
+            return ancestor
+    return None
+
+
+def expose(path, stash):
+    """Cover path's closed ancestor with an empty tmpfs and bind path back in, read-only."""
+    closed = closed_ancestor(path)
+    if closed is None:
+        return
+    mount(path, stash, None, MS_BIND | MS_REC)
+    mount("tmpfs", closed, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
+    os.makedirs(path, exist_ok=True)
+    mount(stash, path, None, MS_BIND | MS_REC)
+    call("umount2", stash.encode(), MNT_DETACH)
+    remount_read_only(path, {"nosuid", "nodev"})
+    remount_read_only(closed, {"nosuid", "nodev"})
+
+
+def isolate_filesystem():
+    work = CONFIG["workdir"]
+    mount(None, "/", None, MS_REC | MS_PRIVATE)
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, CONFIG["workdir_options"])
+    stash = os.path.join(os.path.dirname(work), "stash")
+    if CONFIG["expose"]:
+        os.mkdir(stash, 0o700)
+    for path, options in list(mount_points()):
+        skipped = path == work or path == "/dev" or any(
+            path == top or path.startswith(top + "/") for top in NOT_MADE_READ_ONLY)
+        if not skipped and "ro" not in options:
+            remount_read_only(path, options)
+    for path in CONFIG["expose"]:
+        expose(path, stash)
+
+
+def become_program():
+    os.setsid()
+    os.set_inheritable(STATUS, False)
+    for name, (soft, hard) in CONFIG["rlimits"].items():
+        resource.setrlimit(getattr(resource, name), (soft, hard))
+    call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
+    uid = CONFIG["uid"]
+    if uid is not None:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+    os.chdir(CONFIG["workdir"])
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, TERM)
+    python = CONFIG["python"]
+    os.execve(python, [python, "-I", "-S", "-B", CONFIG["program"]], CONFIG["env"])
+
+
+def kill_group(pgid):
+    for kill, target in ((os.killpg, pgid), (os.kill, pgid)):
+        try:
+            kill(target, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def kill_uid(uid):
+    """SIGKILL every process of uid: a helper with that uid signals all it may (kill(-1))."""
+    helper = os.fork()
+    if helper == 0:
+        try:
+            os.setuid(uid)
+            os.kill(-1, signal.SIGKILL)
+        finally:
+            os._exit(0)
+    os.waitpid(helper, 0)
+
+
+def init():
+    program = None
+
+    def stop(signum, frame):  # SIGTERM stays blocked (since the launcher) until program is set
+        kill_group(program)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        call("prctl", PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if CONFIG["namespaces"]:
+            isolate_filesystem()
+        program = os.fork()
+    except BaseException as exc:
+        report(error="setting up the sandbox: %s" % (exc,))
+        os._exit(1)
+    if program == 0:
+        try:
+            become_program()
+        except BaseException as exc:
+            report(error="starting the program: %s" % (exc,))
+        os._exit(127)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, TERM)
+    while True:  # as pid 1 of a namespace, also reap orphans
+        pid, status = os.waitpid(-1, 0)
+        if pid == program:
+            break
+    kill_group(program)
+    if CONFIG["uid"] is not None and not CONFIG["namespaces"]:
+        kill_uid(CONFIG["uid"])
+    if os.WIFSIGNALED(status):
+        report(signal=os.WTERMSIG(status))
+    else:
+        report(exit=os.WEXITSTATUS(status))
+    os._exit(0)
+
+
+def launcher():
+    child = None
+
+    def forward(signum, frame):
+        if child is None:
+            os._exit(1)
+        os.kill(child, signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    call("prctl", PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != CONFIG["caller"]:
+        return
+    try:
+        if CONFIG["namespaces"]:
+            enter_namespaces()
+    except OSError as exc:
+        report(error="entering namespaces: %s" % (exc,))
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, TERM)
+    pid = os.fork()
+    if pid == 0:
+        init()
+    child = pid
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, TERM)
+    os.waitpid(child, 0)
+
+
+launcher()
+'''
+
+
+# --------------------------------------------------------------------------------------------
+# Caller side.
+
+_isolation_lock = threading.Lock()
+_isolation_cache: dict[bool, _Isolation] = {}
+
+
+def _isolation(namespaces: bool) -> _Isolation:
+    """What to set up, probed once per process by running a trivial program."""
+    with _isolation_lock:
+        if namespaces not in _isolation_cache:
+            _isolation_cache[namespaces] = _probe(namespaces)
+        return _isolation_cache[namespaces]
+
+
+def _probe(namespaces: bool) -> _Isolation:
+    fallback = _Isolation(namespaces=False, userns=False)
+    if not namespaces:
+        return fallback
+    candidate = _Isolation(namespaces=True, userns=os.geteuid() != 0)
+    try:
+        result = _launch("pass", candidate, _Limits(
+            timeout=30.0, memory_mb=512, max_output_bytes=65536, max_file_bytes=1 << 20,
+            max_disk_bytes=1 << 20, max_processes=4, cpu_time=None, stdin=None, env={},
+            python=None))
+    except SandboxError as exc:
+        logger.warning("sandbox: Linux namespaces unavailable (%s); isolation is weaker", exc)
+        return fallback
+    if not result.ok:
+        logger.warning("sandbox: namespace probe failed (%s); isolation is weaker", result.reason)
+        return fallback
+    return candidate
+
+
+def _enterable(path: str) -> bool:
+    """Whether a uid owning nothing can reach path (every directory above it is o+x)."""
+    parts = os.path.realpath(path).strip("/").split("/")[:-1]
+    return all(os.stat("/" + "/".join(parts[:depth])).st_mode & stat.S_IXOTH
+               for depth in range(len(parts) + 1))
+
+
+def _interpreter(python: str | None) -> tuple[str, list[str]]:
+    """The interpreter to exec and the directories it needs (its prefixes)."""
+    if python is None:
+        executable = os.path.realpath(sys.executable)
+        needed = {sys.base_prefix, sys.base_exec_prefix, os.path.dirname(executable)}
+    else:
+        executable = os.path.realpath(python)
+        needed = {os.path.dirname(os.path.dirname(executable))}
+    return executable, sorted(os.path.realpath(path) for path in needed)
+
+
+def _launch(code: str, isolation: _Isolation, limits: _Limits) -> SandboxResult:
+    """Run code once with the given isolation and limits."""
+    root = os.geteuid() == 0
+    python, prefixes = _interpreter(limits.python)
+    if root and not isolation.namespaces and not all(map(_enterable, prefixes)):
+        raise SandboxError(
+            f"running as root without namespaces, the interpreter {python} must be reachable "
+            "by an unprivileged uid (to bound the number of processes); pass python= with a "
+            "world-readable interpreter")
+    uid = secrets.randbelow(_UID_RANGE[1] - _UID_RANGE[0]) + _UID_RANGE[0] if root else None
+    owner = (os.getuid(), os.getgid()) if uid is None else (uid, uid)
+    protections = ["rlimits", "fresh-tmpdir", "clean-env", "no-new-privs"]
+    if root:
+        protections.append("uid-drop")
+    if isolation.namespaces:
+        protections += ["pid-namespace", "net-namespace", "read-only-fs"]
+        if isolation.userns:
+            protections.append("user-namespace")
+
+    base = tempfile.mkdtemp(prefix="llm_marl_sandbox_")
+    try:
+        # base/main.py (the program, read-only) and base/work (its working directory).
+        os.chmod(base, 0o711)
+        workdir = os.path.join(base, "work")
+        os.mkdir(workdir, 0o700)
+        os.chown(workdir, *owner)
+        program = os.path.join(base, "main.py")
+        with open(program, "w", encoding="utf-8", errors="surrogatepass") as file:
+            file.write(code)
+        os.chown(program, *owner)
+        os.chmod(program, 0o400)
+        cpu = math.ceil(limits.timeout + 1 if limits.cpu_time is None else limits.cpu_time)
+        memory = limits.memory_mb * 1024 * 1024
+        # In a user namespace the launcher and init count against the same process limit.
+        processes = limits.max_processes + (2 if isolation.userns else 0)
+        config = {
+            "caller": os.getpid(),
+            "namespaces": isolation.namespaces,
+            "userns": isolation.userns,
+            "uid": uid,
+            "python": python,
+            "program": program,
+            "workdir": workdir,
+            "workdir_options": f"size={limits.max_disk_bytes},nr_inodes=16384,mode=0700,"
+                               f"uid={owner[0]},gid={owner[1]}",
+            "expose": [path for path in prefixes if root and not _enterable(path)],
+            "rlimits": {
+                "RLIMIT_CPU": (cpu, cpu + 1),
+                "RLIMIT_AS": (memory, memory),
+                "RLIMIT_FSIZE": (limits.max_file_bytes, limits.max_file_bytes),
+                "RLIMIT_NPROC": (processes, processes),
+                "RLIMIT_CORE": (0, 0),
+            },
+            "env": {"PATH": _PATH, "LANG": "C.UTF-8", "HOME": workdir, "TMPDIR": workdir,
+                    **limits.env},
+        }
+        exchange = _supervise(config, base, limits)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+    records = [json.loads(line) for line in exchange.status.decode().splitlines() if line]
+    errors = [record["error"] for record in records if "error" in record]
+    if errors:
+        raise SandboxError("; ".join(errors))
+    stderr = exchange.stderr.decode("utf-8", errors="replace")
+    if not records and not (exchange.timed_out or exchange.truncated):
+        raise SandboxError(f"the sandbox supervisor ended without a status (exit "
+                           f"{exchange.supervisor_exit}): {stderr[-2000:]}")
+    returncode = -signal.SIGKILL  # stopped before it could report
+    for record in records:
+        returncode = record["exit"] if "exit" in record else -record["signal"]
+    return SandboxResult(
+        returncode=returncode,
+        stdout=exchange.stdout.decode("utf-8", errors="replace"),
+        stderr=stderr,
+        timed_out=exchange.timed_out,
+        reason=_reason(returncode, stderr, exchange.timed_out, exchange.truncated,
+                       limits.timeout),
+        output_truncated=exchange.truncated,
+        duration=exchange.duration,
+        protections=tuple(protections),
+    )
+
+
+def _supervise(config: dict, cwd: str, limits: _Limits) -> _Exchange:
+    """Start the supervisor with config (plus the status pipe) and talk to it until it ends."""
+    config_read, config_write = os.pipe()
+    status_read, status_write = os.pipe()
+    try:
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-I", "-S", "-c", _SUPERVISOR, str(config_read)],
+                stdin=subprocess.DEVNULL if limits.stdin is None else subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                pass_fds=(config_read, status_write), env={"PATH": _PATH, "LANG": "C.UTF-8"},
+                cwd=cwd, start_new_session=True)
+        finally:
+            os.close(config_read)
+            os.close(status_write)
+        try:
+            with os.fdopen(config_write, "wb") as config_file:
+                config_write = None
+                config_file.write(json.dumps({**config, "status_fd": status_write}).encode())
+        except BrokenPipeError:  # the supervisor died at once; its stderr says why
+            pass
+        stdin = None if limits.stdin is None else limits.stdin.encode("utf-8", "surrogatepass")
+        return _communicate(process, status_read, stdin, limits.timeout,
+                            limits.max_output_bytes)
+    finally:
+        os.close(status_read)
+        if config_write is not None:
+            os.close(config_write)
+
+
+class _Exchange(NamedTuple):
+    """What came back from one supervisor: output, status lines, and how it was stopped."""
+
+    stdout: bytes
+    stderr: bytes
+    status: bytes
+    timed_out: bool
+    truncated: bool
+    duration: float
+    supervisor_exit: int
+
+
+def _communicate(process: subprocess.Popen, status_fd: int, stdin: bytes | None,
+                 timeout: float, max_output: int) -> _Exchange:
+    """Feed stdin, collect capped output and status until the sandbox ends; stop it on a limit."""
+    start = time.monotonic()
+    out_fd, err_fd = process.stdout.fileno(), process.stderr.fileno()
+    captured = {out_fd: bytearray(), err_fd: bytearray(), status_fd: bytearray()}
+    selector = selectors.DefaultSelector()
+    for fd in captured:
+        os.set_blocking(fd, False)
+        selector.register(fd, selectors.EVENT_READ)
+    pending = memoryview(stdin or b"")
+    stdin_fd = process.stdin.fileno() if process.stdin is not None else None
+    if stdin_fd is not None:
+        if pending:
+            os.set_blocking(stdin_fd, False)
+            selector.register(stdin_fd, selectors.EVENT_WRITE)
+        else:
+            process.stdin.close()
+    deadline = start + timeout
+    timed_out = truncated = stopping = False
+
+    def stop() -> None:
+        nonlocal stopping, deadline
+        stopping = True
+        deadline = time.monotonic() + _STOP_GRACE
+        try:
+            process.send_signal(signal.SIGTERM)  # the launcher forwards it: see _SUPERVISOR
+        except ProcessLookupError:
+            pass
+
+    try:
+        while out_fd in selector.get_map() or err_fd in selector.get_map():
+            now = time.monotonic()
+            if now >= deadline:
+                # Once the supervisor has exited (status closed) only strays hold the pipes.
+                if stopping or status_fd not in selector.get_map():
+                    break
+                timed_out = True
+                stop()
+                continue
+            for key, _ in selector.select(deadline - now):
+                fd = key.fd
+                if fd == stdin_fd:
+                    try:
+                        pending = pending[os.write(fd, pending[:_READ_CHUNK]):]
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except BrokenPipeError:
+                        pending = pending[:0]
+                    if not pending:
+                        selector.unregister(fd)
+                        process.stdin.close()
+                    continue
+                try:
+                    data = os.read(fd, _READ_CHUNK)
+                except (BlockingIOError, InterruptedError):
+                    continue
+                if not data:
+                    selector.unregister(fd)
+                    if fd == status_fd:
+                        deadline = min(deadline, time.monotonic() + _STOP_GRACE)
+                    continue
+                if fd == status_fd:
+                    captured[fd] += data
+                    continue
+                room = max_output - len(captured[out_fd]) - len(captured[err_fd])
+                captured[fd] += data[:room]
+                if len(data) > room and not truncated:
+                    truncated = True
+                    if not stopping:
+                        stop()
+    finally:
+        selector.close()
+        for stream in (process.stdin, process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
+        try:
+            process.wait(timeout=_STOP_GRACE)
+        except subprocess.TimeoutExpired:  # the supervisor itself is stuck: kill its group
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            process.wait()
+    while True:  # the status pipe is closed once the supervisor is gone; read what is left
+        try:
+            data = os.read(status_fd, _READ_CHUNK)
+        except BlockingIOError:
+            break
+        if not data:
+            break
+        captured[status_fd] += data
+    return _Exchange(bytes(captured[out_fd]), bytes(captured[err_fd]),
+                     bytes(captured[status_fd]), timed_out, truncated,
+                     time.monotonic() - start, process.returncode)
+
+
+def _reason(returncode: int, stderr: str, timed_out: bool, truncated: bool,
+            timeout: float) -> str:
+    if timed_out:
+        return f"timeout after {float(timeout)}s"
+    if truncated:
+        return "output limit exceeded"
+    if returncode == 0:
+        return "ok"
+    if returncode < 0:
+        number = -returncode
+        if number == signal.SIGXCPU:
+            return "cpu time limit"
+        if number == signal.SIGXFSZ:
+            return "file size limit"
+        try:
+            name = signal.Signals(number).name
+        except ValueError:
+            return f"killed by signal {number}"
+        return f"killed by signal {number} ({name})"
+    lines = stderr.strip().splitlines()
+    last = lines[-1].strip() if lines else ""
+    if last.startswith("MemoryError"):
+        return "memory limit"
+    if "[Errno 27]" in last:
+        return "file size limit"
+    return f"exit code {returncode}: {last}" if last else f"exit code {returncode}"
+
+
+def run_program(
+    code: str,
+    *,
+    timeout: float = 10.0,
+    memory_mb: int = 512,
+    max_output_bytes: int = 1_000_000,
+    max_file_bytes: int = 10_000_000,
+    max_disk_bytes: int = 50_000_000,
+    max_processes: int = 8,
+    cpu_time: float | None = None,
+    stdin: str | None = None,
+    env: Mapping[str, str] | None = None,
+    python: str | None = None,
+    namespaces: bool = True,
+) -> SandboxResult:
+    """Run untrusted Python ``code`` in a fresh, limited interpreter process; never raises for
+    anything the program does.
+
+    ``timeout``: wall-clock seconds. ``memory_mb``: address space per process.
+    ``max_output_bytes``: stdout and stderr together. ``max_file_bytes``: largest file the
+    program may write. ``max_disk_bytes``: total size of its working directory (enforced
+    with namespaces). ``max_processes``: processes and threads at once, the program included.
+    ``cpu_time``: CPU seconds per process (default ``timeout`` + 1). ``stdin``: text fed to the
+    program. ``env``: extra environment variables. ``python``: interpreter to run (default:
+    this one). ``namespaces``: use Linux namespaces where available (False: rlimits and the
+    uid drop only). Raises :class:`SandboxError` when the sandbox cannot be set up.
+    """
+    if not isinstance(code, str):
+        raise TypeError(f"code must be a str, got {type(code).__name__}")
+    if not sys.platform.startswith("linux"):
+        raise SandboxError("the sandbox needs Linux")
+    for name, value in (("timeout", timeout), ("memory_mb", memory_mb),
+                        ("max_output_bytes", max_output_bytes),
+                        ("max_file_bytes", max_file_bytes), ("max_disk_bytes", max_disk_bytes),
+                        ("max_processes", max_processes)):
+        if not value > 0:
+            raise ValueError(f"{name} must be positive, got {value!r}")
+    if cpu_time is not None and not cpu_time > 0:
+        raise ValueError(f"cpu_time must be positive, got {cpu_time!r}")
+    if env is not None and not all(isinstance(k, str) and isinstance(v, str)
+                                   for k, v in env.items()):
+        raise TypeError("env must map str to str")
+    limits = _Limits(timeout=timeout, memory_mb=memory_mb, max_output_bytes=max_output_bytes,
+                     max_file_bytes=max_file_bytes, max_disk_bytes=max_disk_bytes,
+                     max_processes=max_processes, cpu_time=cpu_time, stdin=stdin,
+                     env=dict(env or {}), python=python)
+    return _launch(code, _isolation(namespaces), limits)
+
+
+def run_programs(codes: Sequence[str], *, max_workers: int | None = None,
+                 **limits) -> list[SandboxResult]:
+    """Run every program in its own sandbox, at most ``max_workers`` (default: the number of
+    CPUs) at once; results are in input order. ``limits`` are :func:`run_program`'s keywords."""
+    codes = list(codes)
+    workers = max_workers or os.cpu_count() or 1
+    if workers < 1:
+        raise ValueError(f"max_workers must be positive, got {max_workers!r}")
+    if not codes:
+        return []
+    with ThreadPoolExecutor(max_workers=min(workers, len(codes)),
+                            thread_name_prefix="sandbox") as pool:
+        return list(pool.map(functools.partial(run_program, **limits), codes))
+
+
+# --------------------------------------------------------------------------------------------
+# Tests of a program, in one sandbox.
+
+
+@dataclass(frozen=True)
+class LoadError:
+    """Why a program failed to load: a syntax error or an exception at definition time.
+
+    ``lineno``/``offset`` are 1-based positions in the program, when known.
+    """
+
+    __test__ = False
+    error_type: str
+    message: str
+    lineno: int | None = None
+    offset: int | None = None
+
+
+@dataclass(frozen=True)
+class TestOutcome:
+    """One test statement and how it went (``error_type`` is None when it passed).
+
+    ``error_type`` is the exception's class name, ``"Timeout"`` past the per-test budget, or
+    ``"NotRun"`` when the sandbox ended (or the program failed to load) before the test.
+    """
+
+    __test__ = False
+    test: str
+    passed: bool
+    error_type: str | None = None
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class TestReport:
+    """Per-test results of :func:`run_tests`, the load error if any, and the raw sandbox run."""
+
+    __test__ = False
+    results: tuple[TestOutcome, ...]
+    load_error: LoadError | None
+    sandbox: SandboxResult
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the program itself ran to completion before the tests."""
+        return self.load_error is None
+
+    @property
+    def passed(self) -> int:
+        """Number of tests that passed."""
+        return sum(outcome.passed for outcome in self.results)
+
+    @property
+    def total(self) -> int:
+        """Number of tests."""
+        return len(self.results)
+
+    @property
+    def all_passed(self) -> bool:
+        """True when the program loaded and every test passed (vacuously with no tests)."""
+        return self.loaded and self.passed == self.total
+
+    @property
+    def pass_rate(self) -> float:
+        """Fraction of tests passed (0.0 with no tests)."""
+        return self.passed / self.total if self.total else 0.0
+
+
+_HARNESS = r'''
+import json, os, signal, sys, traceback
+
+MARK, PROGRAM, TESTS, BUDGET = %(mark)r, %(program)r, %(tests)r, %(budget)r
+REPORT = os.dup(1)  # survives the program replacing or closing sys.stdout
+
+
+class Timeout(BaseException):
+    pass
+
+
+def alarm(signum, frame):
+    raise Timeout
+
+
+def emit(record):
+    try:
+        sys.stdout.flush()
+    except BaseException:
+        pass
+    os.write(REPORT, ("\n" + MARK + json.dumps(record) + "\n").encode())
+
+
+def text(value):
+    try:
+        return str(value)[:500]
+    except BaseException:
+        return "<unprintable>"
+
+
+def failure(exc, filename):
+    if isinstance(exc, Timeout):
+        return {"error_type": "Timeout", "message": "exceeded %%gs" %% BUDGET}
+    if isinstance(exc, SyntaxError) and exc.filename == filename:
+        return {"error_type": type(exc).__name__, "message": text(exc.msg),
+                "lineno": exc.lineno, "offset": exc.offset}
+    lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__)
+             if frame.filename == filename]
+    return {"error_type": type(exc).__name__, "message": text(exc),
+            "lineno": lines[-1] if lines else None, "offset": None}
+
+
+def run(source, filename, namespace):
+    try:
+        code = compile(source, filename, "exec")
+        signal.setitimer(signal.ITIMER_REAL, BUDGET)
+        try:
+            exec(code, namespace)
+        finally:  # an alarm that fires in here is still caught below
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except BaseException as exc:
+        return failure(exc, filename)
+    return None
+
+
+signal.signal(signal.SIGALRM, alarm)
+namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+error = run(PROGRAM, "<program>", namespace)
+emit({"load": error})
+if error is None:
+    for index, test in enumerate(TESTS):
+        emit({"test": index, "failure": run(test, "<test %%d>" %% index, namespace)})
+'''
+
+
+def run_tests(program: str, tests: Sequence[str], *, timeout_per_test: float = 2.0,
+              **limits) -> TestReport:
+    """Run ``program``, then each test statement in turn, in one sandbox.
+
+    Loading the program and each test get ``timeout_per_test`` seconds (SIGALRM inside the
+    sandbox); the whole run gets ``limits.timeout``, by default enough for all of them plus
+    two seconds. Tests share the program's globals. ``limits`` are :func:`run_program`'s
+    keywords.
+    """
+    tests = list(tests)
+    if not timeout_per_test > 0:
+        raise ValueError(f"timeout_per_test must be positive, got {timeout_per_test!r}")
+    limits.setdefault("timeout", timeout_per_test * (len(tests) + 1) + 2.0)
+    mark = f"@@llm_marl-sandbox-{secrets.token_hex(16)}@@"
+    harness = _HARNESS % {"mark": mark, "program": program, "tests": tests,
+                          "budget": float(timeout_per_test)}
+    result = run_program(harness, **limits)
+
+    verdict = re.compile("\n" + re.escape(mark) + "([^\n]*)\n")
+    records = [json.loads(line) for line in verdict.findall(result.stdout)]
+    load = next((record for record in records if "load" in record), None)
+    failures = {record["test"]: record["failure"] for record in records if "test" in record}
+    if load is None:
+        load_error = LoadError("NotRun", f"the sandbox ended first: {result.reason}")
+    elif load["load"] is not None:
+        load_error = LoadError(**load["load"])
+    else:
+        load_error = None
+    outcomes = []
+    for index, test in enumerate(tests):
+        if index not in failures:
+            why = "the program failed to load" if load_error else f"the sandbox ended first: " \
+                                                                 f"{result.reason}"
+            outcomes.append(TestOutcome(test, False, "NotRun", why))
+        elif failures[index] is None:
+            outcomes.append(TestOutcome(test, True))
+        else:
+            failure = failures[index]
+            outcomes.append(TestOutcome(test, False, failure["error_type"], failure["message"]))
+    return TestReport(results=tuple(outcomes), load_error=load_error,
+                      sandbox=dataclasses.replace(result, stdout=verdict.sub("", result.stdout)))
