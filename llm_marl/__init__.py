@@ -1,6 +1,37 @@
 """llm_marl: train teams of language models to cooperate with reinforcement learning."""
 
 from llm_marl.envs import DialogueEnv, make, register
+from llm_marl.learners import (
+    MAGRPOConfig,
+    MAGRPOTrainer,
+    MAREINFORCEConfig,
+    MAREINFORCETrainer,
+    MARLOOConfig,
+    MARLOOTrainer,
+    MAReMaxConfig,
+    MAReMaxTrainer,
+)
+from llm_marl.policies import CausalLMPolicy, Completion, Policy, ScriptedPolicy, TabularPolicy
 from llm_marl.tasks import CooperativeTask, FunctionTask, Turn
 
-__all__ = ["CooperativeTask", "DialogueEnv", "FunctionTask", "Turn", "make", "register"]
+__all__ = [
+    "CausalLMPolicy",
+    "Completion",
+    "CooperativeTask",
+    "DialogueEnv",
+    "FunctionTask",
+    "MAGRPOConfig",
+    "MAGRPOTrainer",
+    "MAREINFORCEConfig",
+    "MAREINFORCETrainer",
+    "MARLOOConfig",
+    "MARLOOTrainer",
+    "MAReMaxConfig",
+    "MAReMaxTrainer",
+    "Policy",
+    "ScriptedPolicy",
+    "TabularPolicy",
+    "Turn",
+    "make",
+    "register",
+]

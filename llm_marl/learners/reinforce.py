@@ -39,7 +39,7 @@ from llm_marl.learners.advantages import k3_kl, policy_gradient_loss
 from llm_marl.learners.buffer import RolloutBuffer, Sample, samples_from_trees
 from llm_marl.learners.config import MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig
 from llm_marl.learners.logging import RunLogger
-from llm_marl.learners.tree import RolloutNode, collect_trees, grow_trees, iter_nodes
+from llm_marl.learners.tree import RolloutNode, collect_trees, derive_seed, grow_trees, iter_nodes
 from llm_marl.policies.base import Completion, Policy, token_log_probs_of
 
 
@@ -204,7 +204,7 @@ class MAGRPOTrainer:
     def _train_batch(self, indices: list[int]) -> None:
         args = self.args
         started = time.perf_counter()
-        roots = collect_trees(self.env, self.policies, indices, args)
+        roots = collect_trees(self.env, self.policies, indices, args, seed=self._rollout_seed())
         elapsed = time.perf_counter() - started
         failed = [root for root in roots if root.error is not None]
         if failed:
@@ -287,6 +287,11 @@ class MAGRPOTrainer:
         self._note(f"train/{agent}/loss", loss.item())
         self._note(f"train/{agent}/grad_norm", grad_norm.item())
         self._note(f"train/{agent}/logprob_mean", log_probs.detach().mean().item())
+
+    def _rollout_seed(self) -> int:
+        """The seed of this epoch's rollout trees: each tree's randomness depends only on it and
+        the tree's item (tree.py), whatever the batching, ordering or rank."""
+        return derive_seed(self.args.seed, "epoch", self.state.epoch)
 
     def _reduce_gradients(self, agent: str) -> None:
         """Hook for data-parallel training: average the agent's gradients across ranks."""

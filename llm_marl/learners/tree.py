@@ -8,6 +8,14 @@ joint action is stepped on a fork of the node's environment (batched through
 early-terminated, on the last turn, or its branch ended — gets a child holding the env's next
 observations. Returns are computed bottom-up with discount gamma.
 
+Randomness: with a ``seed``, every node gets its own seed derived from (seed, item index, path of
+joint-action indices from the root), and policies whose ``sample`` accepts ``generators=`` (e.g.
+:class:`~llm_marl.policies.TabularPolicy`) draw each node's answers from a generator seeded by it
+and the agent's position. A tree then depends only on the seed and its item, not on which other
+items were rolled out with it, in which order, or on which rank: batched and one-by-one rollouts
+give identical trees. Policies without ``generators=`` (language models sampling in one batched
+``generate``) use torch's global RNG.
+
 Works on any ``pettingzoo.ParallelEnv``: envs without ``fork()`` are forked with
 ``copy.deepcopy``; envs without ``step_branches`` are stepped fork by fork. The env passed in is
 never stepped itself.
@@ -16,11 +24,14 @@ never stepped itself.
 from __future__ import annotations
 
 import copy
+import hashlib
+import inspect
 import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
+import torch
 from pettingzoo import ParallelEnv
 
 from llm_marl.learners.advantages import agent_returns, discounted_return
@@ -49,6 +60,7 @@ class RolloutNode:
     details: list[dict[str, Any]] = field(default_factory=list)
     cross_aggregation: str = "sum"
     error: str | None = None
+    seed: int | None = None
 
     @property
     def agents(self) -> list[str]:
@@ -73,6 +85,26 @@ def iter_nodes(roots: Sequence[RolloutNode]) -> Iterator[RolloutNode]:
     while level:
         yield from level
         level = [child for node in level for child in node.children if child is not None]
+
+
+def derive_seed(*parts: Any) -> int:
+    """A 63-bit seed determined by ``parts`` (stable across processes and Python versions)."""
+    digest = hashlib.blake2b(repr(parts).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def _takes_generators(policy: Policy) -> bool:
+    try:
+        return "generators" in inspect.signature(policy.sample).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _sample(policy: Policy, observations: list[Any], num_samples: int, seeds: list[int | None]) -> list[list[Completion]]:
+    if seeds and seeds[0] is not None and _takes_generators(policy):
+        generators = [torch.Generator().manual_seed(s) for s in seeds]
+        return policy.sample(observations, num_samples, generators=generators)
+    return policy.sample(observations, num_samples)
 
 
 def fork_env(env: ParallelEnv) -> ParallelEnv:
@@ -143,8 +175,9 @@ def grow_trees(
     for n, index in enumerate(indices):
         twin = fork_env(env)
         options = {"index": int(index)}
-        observations, _ = twin.reset(seed=None if seed is None else seed + n, options=options)
+        observations, _ = twin.reset(options=options)
         root = RolloutNode(0, int(index), dict(observations), cross_aggregation=cross_aggregation)
+        root.seed = None if seed is None else derive_seed(seed, int(index))
         roots.append(root)
         frontier.append(_Open(root, twin, root))
 
@@ -158,8 +191,13 @@ def grow_trees(
                     f"item {open_node.node.index}, turn {depth}: live agents {live} differ from the policies' {agents}"
                 )
         answers = {
-            agent: policies[agent].sample([o.node.observations[agent] for o in frontier], num_samples)
-            for agent in agents
+            agent: _sample(
+                policies[agent],
+                [o.node.observations[agent] for o in frontier],
+                num_samples,
+                [None if o.node.seed is None else derive_seed(o.node.seed, position) for o in frontier],
+            )
+            for position, agent in enumerate(agents)
         }
         combos = joint_actions(num_samples, len(agents), joint_mode)
         next_frontier: list[_Open] = []
@@ -191,6 +229,7 @@ def grow_trees(
                 if any(terminations.get(a, False) or truncations.get(a, False) for a in agents):
                     continue
                 child = RolloutNode(depth + 1, node.index, dict(observations), cross_aggregation=cross_aggregation)
+                child.seed = None if node.seed is None else derive_seed(node.seed, "child", j)
                 node.children[j] = child
                 next_frontier.append(_Open(child, twin, root))
         frontier = [o for o in next_frontier if o.root.error is None]
@@ -201,11 +240,14 @@ def grow_trees(
     return roots
 
 
-def collect_trees(env: ParallelEnv, policies: Mapping[str, Policy], indices: Sequence[int], args: Any) -> list[RolloutNode]:
+def collect_trees(
+    env: ParallelEnv, policies: Mapping[str, Policy], indices: Sequence[int], args: Any, *, seed: int | None = None
+) -> list[RolloutNode]:
     """One rollout tree per dataset index, shaped by a learner config (SPEC.md §3).
 
     Uses ``args.num_generations`` (K), ``num_turns``, ``joint_mode``, ``cross_aggregation``,
-    ``early_termination_threshold``, ``discount`` and ``reward_error_policy``.
+    ``early_termination_threshold``, ``discount`` and ``reward_error_policy``; ``seed`` keys the
+    per-node random streams (see the module docstring).
     """
     return grow_trees(
         env,
@@ -218,6 +260,7 @@ def collect_trees(env: ParallelEnv, policies: Mapping[str, Policy], indices: Seq
         early_termination_threshold=args.early_termination_threshold,
         discount=args.discount,
         skip_errors=getattr(args, "reward_error_policy", "raise") == "skip",
+        seed=seed,
     )
 
 

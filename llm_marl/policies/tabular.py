@@ -61,11 +61,20 @@ class TabularPolicy(nn.Module):
         with torch.no_grad():
             return torch.softmax(self.logits[self.row(observation)], dim=-1)
 
-    def sample(self, observations: Sequence[Any], num_samples: int) -> list[list[Completion]]:
+    def sample(
+        self, observations: Sequence[Any], num_samples: int, generators: Sequence[torch.Generator] | None = None
+    ) -> list[list[Completion]]:
+        """``num_samples`` answers per observation; row i draws from ``generators[i]`` when given,
+        else from ``self.generator`` (or torch's global RNG)."""
         rows = torch.tensor([self.row(o) for o in observations], dtype=torch.long)
         with torch.no_grad():
             probs = torch.softmax(self.logits[rows], dim=-1)
-            picks = torch.multinomial(probs, num_samples, replacement=True, generator=self.generator)
+            if generators is None:
+                picks = torch.multinomial(probs, num_samples, replacement=True, generator=self.generator)
+            else:
+                picks = torch.stack(
+                    [torch.multinomial(p, num_samples, replacement=True, generator=g) for p, g in zip(probs, generators)]
+                )
         return [[Completion(str(self.actions[a]), action=int(a)) for a in row.tolist()] for row in picks]
 
     def action_of(self, completion: Completion) -> int:
