@@ -63,5 +63,9 @@ def _register_builtin() -> None:
         register(f"{name}-v0", _matrix_factory(game, repeated=False))
         register(f"Repeated{name}-v0", _matrix_factory(game, repeated=True))
 
+    from llm_marl.tasks.writing import register_envs as register_writing
+
+    register_writing()
+
 
 _register_builtin()

@@ -95,6 +95,8 @@ class MAGRPOConfig:
     """Clip each agent's gradient norm to this before the step; None disables clipping."""
     weight_decay: float = 0.0
     """AdamW weight decay of the default optimizers."""
+    max_steps: int | None = None
+    """Stop once this many optimizer steps are taken (checked after each batch); None: run all epochs."""
     items_per_step: int = 1
     """Dataset items rolled out together in one batched tree collection."""
     reward_error_policy: str = "raise"
@@ -130,6 +132,8 @@ class MAGRPOConfig:
         _at_least(self, "eval_batch_size", 1)
         _at_least(self, "save_steps", 0)
         _at_least(self, "items_per_step", 1)
+        if self.max_steps is not None:
+            _at_least(self, "max_steps", 1)
         if self.save_total_limit is not None:
             _at_least(self, "save_total_limit", 1)
         _one_of(self, "joint_mode", JOINT_MODES)

@@ -18,7 +18,10 @@ Metric names (``k`` is the 1-based turn, ``A`` an agent name):
 ``eval/<custom>``                   what eval_aggregator returns, keys "turn_k/..."
 ==================================  ===========================================================
 
-The x-axis of every curve is the number of dataset batches trained on so far.
+The x-axis of every curve is the dataset batch: training metrics of batch s (0-based, counted
+over all epochs) are logged at step s, and an evaluation run before batch s is logged at step s
+too (after training, at the number of batches trained). On resume from a checkpoint taken after
+batch s, everything logged at steps > s by the interrupted run is purged.
 """
 
 from __future__ import annotations

@@ -148,27 +148,30 @@ class MAGRPOTrainer:
         total = args.num_train_epochs * len(batches)
         progress = _progress(total, self.state.epoch * len(batches) + self.state.batch_in_epoch, args.progress_bar)
         try:
-            while self.state.epoch < args.num_train_epochs:
-                while self.state.batch_in_epoch < len(batches):
-                    b = self.state.batch_in_epoch
-                    if args.eval_interval and b % args.eval_interval == 0 and self.eval_env is not None:
-                        self.evaluate()
-                    steps_before = self.state.global_step
-                    self._train_batch(batches[b])
-                    self.state.batch_in_epoch += 1
-                    self.state.batch_step += 1
-                    progress.update(1)
-                    self._after_batch(progress, steps_before)
-                self._update()
-                self._flush_metrics(force=True)
-                self.state.epoch += 1
-                self.state.batch_in_epoch = 0
+            while self.state.epoch < args.num_train_epochs and not self._reached_max_steps():
+                b = self.state.batch_in_epoch
+                if args.eval_interval and b % args.eval_interval == 0 and self.eval_env is not None:
+                    self.evaluate()
+                steps_before = self.state.global_step
+                self._train_batch(batches[b])
+                self.state.batch_in_epoch += 1
+                self.state.batch_step += 1
+                epoch_done = self.state.batch_in_epoch == len(batches)
+                if epoch_done:
+                    self._update()
+                    self.state.epoch += 1
+                    self.state.batch_in_epoch = 0
+                progress.update(1)
+                self._after_batch(progress, steps_before, epoch_done)
             if args.output_dir is not None:
                 checkpoint.save(self)
         finally:
             progress.close()
             self.logger.close()
         return self.state
+
+    def _reached_max_steps(self) -> bool:
+        return self.args.max_steps is not None and self.state.global_step >= self.args.max_steps
 
     def evaluate(self) -> dict[str, float]:
         """Play ``eval_num_samples`` eval items once each (one answer per agent per turn, no early
@@ -324,19 +327,20 @@ class MAGRPOTrainer:
         self._pending.setdefault(name, []).append(value)
 
     def _flush_metrics(self, force: bool = False) -> None:
+        """Log the averaged pending training metrics at the index of the batch just trained."""
         if not self._pending or not (force or self.state.batch_step % self.args.logging_steps == 0):
             return
         metrics = {name: float(np.mean(values)) for name, values in self._pending.items()}
         self._pending = {}
-        self.logger.log(metrics, self.state.batch_step)
+        self.logger.log(metrics, self.state.batch_step - 1)
 
-    def _after_batch(self, progress: Any, steps_before: int) -> None:
+    def _after_batch(self, progress: Any, steps_before: int, epoch_done: bool) -> None:
         from llm_marl.learners import checkpoint
 
         reward = self._pending.get("train/turn_1/reward_mean")
         if reward:
             progress.set_postfix(reward=f"{reward[-1]:.3f}", step=self.state.global_step)
-        self._flush_metrics()
+        self._flush_metrics(force=epoch_done)
         every = self.args.save_steps
         if every and self.args.output_dir is not None and self.state.global_step // every > steps_before // every:
             checkpoint.save(self)
@@ -358,8 +362,16 @@ class MAGRPOTrainer:
         completions = [[[node.completions[a][0].text for node in chain] for chain in chains] for a in self.agents]
         items = [data[root.index] if data is not None else {"index": root.index} for root in roots]
         prompts = [item.get("prompt", "") if isinstance(item, Mapping) else "" for item in items]
-        per_item = self.eval_logger(agent_completions_turns=completions, batch_items=items, prompts=prompts)
-        aggregated = self.eval_aggregator(per_item, num_turns=self.args.num_turns)
+        try:
+            per_item = self.eval_logger(agent_completions_turns=completions, batch_items=items, prompts=prompts)
+        except Exception as exc:
+            raise RuntimeError(f"eval_logger raised {type(exc).__name__}: {exc} (evaluation at batch {self.state.batch_step})") from exc
+        try:
+            aggregated = self.eval_aggregator(per_item, num_turns=self.args.num_turns)
+        except Exception as exc:
+            raise RuntimeError(f"eval_aggregator raised {type(exc).__name__}: {exc} (evaluation at batch {self.state.batch_step})") from exc
+        if not isinstance(aggregated, Mapping):
+            raise TypeError(f"eval_aggregator must return a dict of metrics, got {type(aggregated).__name__}")
         return {f"eval/{name}": float(value) for name, value in aggregated.items()}
 
 
