@@ -26,9 +26,10 @@ Branching, for rollout trees: ``fork()`` returns an independent environment in t
 steps one fork per joint answer, scoring them together through the task's batched ``rewards``.
 
 Errors: bad actions (unknown, missing or non-string agents' answers, stepping a finished
-episode) raise ``ValueError``. A task whose reward or transition raises or returns something
-invalid raises :class:`~llm_marl.tasks.base.TaskError` naming the task, item index and turn;
-the environment is left exactly as it was before the failing step.
+episode, an out-of-range ``options["index"]``) raise ``ValueError``. A task whose reward,
+transition or initial observations raise or return something invalid raises
+:class:`~llm_marl.tasks.base.TaskError` naming the task, item index and turn. Either way the
+environment is left exactly as it was before the failing ``step`` or ``reset``.
 """
 
 from __future__ import annotations
@@ -100,19 +101,26 @@ class DialogueEnv(ParallelEnv):
         return len(self.history)
 
     def reset(self, seed: int | None = None, options: dict[str, Any] | None = None):
-        if seed is not None:
-            self._np_random, self._np_random_seed = seeding.np_random(seed)
+        # Validate and compute everything first: a failing reset leaves the env as it was.
         index = (options or {}).get("index")
-        if index is None:
-            index = int(self._np_random.integers(len(self.data)))
-        elif isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < len(self.data):
+        if index is not None and (
+            isinstance(index, bool) or not isinstance(index, (int, np.integer)) or not 0 <= index < len(self.data)
+        ):
             raise ValueError(f"options['index'] must be an int in [0, {len(self.data)}), got {index!r}")
+        rng, rng_seed = (self._np_random, self._np_random_seed) if seed is None else seeding.np_random(seed)
+        if index is None:
+            if seed is None:
+                rng = copy.deepcopy(rng)  # committed below, only if the reset succeeds
+            index = int(rng.integers(len(self.data)))
         index = int(index)
         item = self.data[index]
-        self.item_index, self.item, self.history = index, item, ()
         observations = self._checked_observations(
-            lambda: self.task.initial_observations(item), "initial_observations"
+            lambda: self.task.initial_observations(item),
+            "initial_observations",
+            f"task {self.task.task_name}, item {index}, turn 0",
         )
+        self._np_random, self._np_random_seed = rng, rng_seed
+        self.item_index, self.item, self.history = index, item, ()
         self._observations = observations
         self.agents = list(self.possible_agents)
         return dict(observations), {a: {"turn": 0, "index": index} for a in self.agents}
@@ -155,8 +163,12 @@ class DialogueEnv(ParallelEnv):
 
         The joint answers are scored together by the task's batched ``rewards``.
         """
+        if not self.agents:
+            raise ValueError("the episode has ended (or reset() was never called); call reset() first")
         for actions in joint_actions:
             self._check_actions(actions)
+        if not joint_actions:
+            return []
         scored = self._score(joint_actions)
         branches = []
         for actions, (value, details) in zip(joint_actions, scored):
@@ -207,8 +219,8 @@ class DialogueEnv(ParallelEnv):
                 raise TaskError(str(exc)) from None
         return checked
 
-    def _checked_observations(self, produce, what: str) -> dict[str, str]:
-        where = self._where()
+    def _checked_observations(self, produce, what: str, where: str | None = None) -> dict[str, str]:
+        where = where or self._where()
         try:
             observations = produce()
         except Exception as exc:
@@ -219,6 +231,11 @@ class DialogueEnv(ParallelEnv):
         for agent, text in observations.items():
             if not isinstance(text, str):
                 raise TaskError(f"{where}: {what} gave agent {agent!r} a {type(text).__name__}, not a str")
+            if not self._observation_spaces[agent].contains(text):
+                raise TaskError(
+                    f"{where}: {what} gave agent {agent!r} a {len(text)}-character prompt, over the "
+                    f"observation limit of {self._observation_spaces[agent].max_length}"
+                )
         return {a: observations[a] for a in self.possible_agents}
 
     def _advance(self, actions: Mapping[str, str], value: float, details: dict[str, Any]):
