@@ -1,0 +1,38 @@
+"""Small tasks shared by the trainer tests (imported by test modules, not collected)."""
+
+from __future__ import annotations
+
+import datasets
+
+from llm_marl.tasks.base import CooperativeTask
+
+MENU = ("red", "green", "blue")
+
+
+class ColourMatch(CooperativeTask):
+    """Two agents name a colour; each item has its own target colour and the pair earns one
+    point per agent that names it, plus one if they agree. Turn t>0 prompts repeat the partner's
+    last word. ``num_items`` items; deterministic."""
+
+    agents = ("left", "right")
+
+    def __init__(self, num_items: int = 4, num_turns: int = 2, fail_on: int | None = None):
+        self.num_items = num_items
+        self.num_turns = num_turns
+        self.fail_on = fail_on
+
+    def dataset(self, split):
+        return datasets.Dataset.from_list([{"target": MENU[i % 3], "id": i} for i in range(self.num_items)])
+
+    def initial_observations(self, item):
+        return {a: f"item {item['id']}: {a}, name a colour" for a in self.agents}
+
+    def reward(self, item, actions, history):
+        if self.fail_on is not None and item["id"] == self.fail_on:
+            raise RuntimeError("reward backend unavailable")
+        hits = sum(actions[a] == item["target"] for a in self.agents)
+        return float(hits + (actions["left"] == actions["right"]))
+
+    def transition(self, item, actions, history):
+        partner = {"left": "right", "right": "left"}
+        return {a: f"item {item['id']}: partner said {actions[partner[a]]}" for a in self.agents}
