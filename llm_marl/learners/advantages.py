@@ -67,6 +67,8 @@ def group_advantages(
     if mode not in BASELINES:
         raise ValueError(f"advantage mode must be one of {sorted(BASELINES)}, got {mode!r}")
     values = returns if isinstance(returns, torch.Tensor) else torch.tensor(list(returns), dtype=torch.float64)
+    if not values.is_floating_point():  # integer returns: the baselines and the std need floats
+        values = values.to(torch.float64)
     if values.dim() != 1 or values.numel() < 2:
         raise ValueError(f"a group needs at least 2 returns (K >= 2), got shape {tuple(values.shape)}")
     if not torch.isfinite(values).all():

@@ -136,10 +136,11 @@ def step_joint(env: ParallelEnv, joint: Sequence[Mapping[str, str]]) -> list[tup
 
 def shared_reward(rewards: Mapping[str, float], agents: Sequence[str], where: str) -> float:
     values = [float(rewards[a]) for a in agents]
+    bad = [(a, v) for a, v in zip(agents, values) if not math.isfinite(v)]
+    if bad:  # checked first: NaN != NaN would otherwise be reported as "different rewards"
+        raise ValueError(f"{where}: reward of agent {bad[0][0]!r} is {bad[0][1]}, not a finite number")
     if any(v != values[0] for v in values):
         raise ValueError(f"{where}: agents got different rewards {dict(rewards)}; the learners need one shared reward")
-    if not math.isfinite(values[0]):
-        raise ValueError(f"{where}: reward is {values[0]}, not a finite number")
     return values[0]
 
 
