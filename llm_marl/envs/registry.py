@@ -67,5 +67,9 @@ def _register_builtin() -> None:
 
     register_writing()
 
+    from llm_marl.tasks.code import register_envs as register_code
+
+    register_code()
+
 
 _register_builtin()

@@ -121,6 +121,15 @@ def k3_kl(policy_logps: torch.Tensor, reference_logps: torch.Tensor, mask: torch
     return ((torch.exp(delta) - delta - 1.0) * mask).sum(dim=-1)
 
 
+def sample_losses(log_probs: torch.Tensor, advantages: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+    """Per-sample losses mean_k(-A_k log pi(answer_k)) from flat per-answer tensors.
+
+    ``sizes[i]`` is sample i's number of answers; returns a tensor of ``len(sizes)`` losses.
+    """
+    weighted = -(advantages.detach().to(log_probs.dtype) * log_probs)
+    return torch.stack([chunk.mean() for chunk in weighted.split(list(sizes))])
+
+
 def policy_gradient_loss(log_probs: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
     """Mean over samples of mean over their K answers of -A_k log pi(answer_k) (SPEC.md §4).
 

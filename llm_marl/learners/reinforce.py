@@ -28,15 +28,17 @@ import math
 import os
 import random
 import time
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 from pettingzoo import ParallelEnv
 
-from llm_marl.learners.advantages import k3_kl, policy_gradient_loss
+from llm_marl.learners.advantages import k3_kl, sample_losses
 from llm_marl.learners.buffer import RolloutBuffer, Sample, samples_from_trees
+from llm_marl.learners.distributed import DistributedContext
 from llm_marl.learners.config import MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig
 from llm_marl.learners.logging import RunLogger
 from llm_marl.learners.tree import RolloutNode, collect_trees, derive_seed, grow_trees, iter_nodes
@@ -111,6 +113,11 @@ class MAGRPOTrainer:
                 f"num_agents is {self.args.num_agents} but the env has {len(self.agents)} agents {self.agents}"
             )
         self.policies = _by_agent(policies, self.agents, "policies")
+        if self.args.agent_devices is not None:
+            for agent, device in zip(self.agents, self.args.agent_devices):
+                if hasattr(self.policies[agent], "to"):
+                    self.policies[agent] = self.policies[agent].to(device) or self.policies[agent]
+        self.dist = DistributedContext.from_environment()
         self.trainable = {a: [p for p in self.policies[a].parameters() if p.requires_grad] for a in self.agents}
         if optimizers is None:
             self.optimizers = {
@@ -143,17 +150,22 @@ class MAGRPOTrainer:
         if resume_from_checkpoint:
             path = checkpoint.resolve(resume_from_checkpoint, args.output_dir)
             checkpoint.load(self, path)
-        self.logger = RunLogger(args.output_dir, purge_step=self.state.batch_step if resume_from_checkpoint else None)
+        for agent in self.agents:
+            self.dist.broadcast_parameters(self.trainable[agent])
+        self.logger = RunLogger(
+            args.output_dir if self.dist.is_main else None,
+            purge_step=self.state.batch_step if resume_from_checkpoint else None,
+        )
         batches = self._batches()
         total = args.num_train_epochs * len(batches)
         progress = _progress(total, self.state.epoch * len(batches) + self.state.batch_in_epoch, args.progress_bar)
         try:
             while self.state.epoch < args.num_train_epochs and not self._reached_max_steps():
                 b = self.state.batch_in_epoch
-                if args.eval_interval and b % args.eval_interval == 0 and self.eval_env is not None:
+                if args.eval_interval and b % args.eval_interval == 0 and self.dist.is_main:
                     self.evaluate()
                 steps_before = self.state.global_step
-                self._train_batch(batches[b])
+                self._train_batch(self.dist.shard(batches[b], args.items_per_step))
                 self.state.batch_in_epoch += 1
                 self.state.batch_step += 1
                 epoch_done = self.state.batch_in_epoch == len(batches)
@@ -163,8 +175,9 @@ class MAGRPOTrainer:
                     self.state.batch_in_epoch = 0
                 progress.update(1)
                 self._after_batch(progress, steps_before, epoch_done)
-            if args.output_dir is not None:
+            if args.output_dir is not None and self.dist.is_main:
                 checkpoint.save(self)
+            self.dist.barrier()
         finally:
             progress.close()
             self.logger.close()
@@ -206,8 +219,10 @@ class MAGRPOTrainer:
 
     def _train_batch(self, indices: list[int]) -> None:
         args = self.args
+        if self.dist.enabled:
+            torch.manual_seed(derive_seed(args.seed, "rank", self.dist.rank, self.state.batch_step))
         started = time.perf_counter()
-        roots = collect_trees(self.env, self.policies, indices, args, seed=self._rollout_seed())
+        roots = collect_trees(self.env, self.policies, indices, args, seed=self._rollout_seed()) if indices else []
         elapsed = time.perf_counter() - started
         failed = [root for root in roots if root.error is not None]
         if failed:
@@ -227,8 +242,10 @@ class MAGRPOTrainer:
         for start in range(0, len(samples), num_agents):
             for sample in samples[start : start + num_agents]:
                 self.buffers[sample.agent].append(sample)
-            if all(len(self.buffers[a]) >= args.rollout_buffer_size for a in self.agents):
+            if not self.dist.enabled and self._buffers_full():
                 self._update()
+        if self.dist.enabled and self.dist.max(int(self._buffers_full())):
+            self._update()
         stepped = sum(len(node.joint) for node in iter_nodes(roots))
         metrics = episode_metrics(roots, args.num_turns, prefix="train")
         metrics["train/env_steps_per_second"] = stepped / max(elapsed, 1e-9)
@@ -241,63 +258,78 @@ class MAGRPOTrainer:
         for name, value in metrics.items():
             self._note(name, value)
 
+    def _buffers_full(self) -> bool:
+        return all(len(self.buffers[a]) >= self.args.rollout_buffer_size for a in self.agents)
+
     def _update(self) -> None:
-        """Consume every agent's buffer in mini-batches of train_batch_size, one optimizer step each."""
-        if not any(len(buffer) for buffer in self.buffers.values()):
+        """Consume every agent's buffer in mini-batches of train_batch_size, one optimizer step each.
+
+        Distributed: every rank takes the same number of steps (the most any rank needs); a rank
+        out of samples contributes zero gradient. parallel_training="mp": agents update
+        concurrently, each on its own device.
+        """
+        if not self.dist.max(int(any(len(buffer) for buffer in self.buffers.values()))):
             return
-        steps = 0
-        for agent in self.agents:
-            agent_steps = 0
-            for batch in self.buffers[agent].drain(self.args.train_batch_size):
-                if agent in self.optimizers:
-                    self._optimizer_step(agent, batch)
-                agent_steps += 1
-            steps = max(steps, agent_steps)
-        self.state.global_step += steps
+        if self.dist.enabled:
+            for agent in self.agents:
+                policy = self.policies[agent]
+                if hasattr(policy, "pending_observations"):
+                    policy.add_observations(self.dist.union(policy.pending_observations()))
+        batches = {agent: list(self.buffers[agent].drain(self.args.train_batch_size)) for agent in self.agents}
+        counts = {agent: self.dist.max(len(batches[agent])) for agent in self.agents}
+
+        def update(agent: str) -> None:
+            if agent in self.optimizers:
+                for i in range(counts[agent]):
+                    self._optimizer_step(agent, batches[agent][i] if i < len(batches[agent]) else [])
+
+        if self.args.parallel_training == "mp" and not self.dist.enabled:
+            with ThreadPoolExecutor(max_workers=len(self.agents)) as pool:
+                list(pool.map(update, self.agents))
+        else:
+            for agent in self.agents:
+                update(agent)
+        self.state.global_step += max(counts.values())
 
     def _optimizer_step(self, agent: str, batch: list[Sample]) -> None:
-        policy, optimizer = self.policies[agent], self.optimizers[agent]
-        observations = [s.observation for s in batch for _ in s.completions]
-        completions = [c for s in batch for c in s.completions]
-        sizes = {len(s.completions) for s in batch}
-        log_probs = policy.log_probs(observations, completions, reduction=self.args.logprob_reduction)
-        if len(sizes) == 1:
-            log_probs = log_probs.view(len(batch), -1)
-            advantages = torch.tensor([s.advantages for s in batch], dtype=log_probs.dtype, device=log_probs.device)
-            loss = policy_gradient_loss(log_probs, advantages)
-        else:
-            loss, offset = 0.0, 0
-            for s in batch:
-                k = len(s.completions)
-                adv = torch.tensor(s.advantages, dtype=log_probs.dtype, device=log_probs.device)
-                loss = loss + policy_gradient_loss(log_probs[offset : offset + k][None], adv[None])
-                offset += k
-            loss = loss / len(batch)
-        where = f"agent {agent!r}, optimizer step {self.state.global_step + 1}, items {sorted({s.index for s in batch})}"
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"{where}: loss is {loss.item()}{self._last_good()}")
+        """One AdamW step on the mean sample loss of ``batch`` (of the union of the ranks' batches)."""
+        policy, optimizer, params = self.policies[agent], self.optimizers[agent], self.trainable[agent]
+        total = self.dist.sum(len(batch))
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        params = self.trainable[agent]
+        local = torch.zeros((), dtype=torch.float64)
+        log_prob_mean = None
+        if batch:
+            observations = [s.observation for s in batch for _ in s.completions]
+            completions = [c for s in batch for c in s.completions]
+            log_probs = policy.log_probs(observations, completions, reduction=self.args.logprob_reduction)
+            advantages = torch.tensor([a for s in batch for a in s.advantages], device=log_probs.device)
+            losses = sample_losses(log_probs, advantages, [len(s.completions) for s in batch])
+            local = losses.sum() / total
+            if torch.isfinite(local):
+                local.backward()
+            log_prob_mean = log_probs.detach().mean().item()
+        loss = self.dist.sum(local.item())
+        where = f"agent {agent!r}, optimizer step {self.state.global_step + 1}, items {sorted({s.index for s in batch})}"
+        if not math.isfinite(loss):
+            optimizer.zero_grad(set_to_none=True)
+            raise FloatingPointError(f"{where}: loss is {loss}{self._last_good()}")
+        self.dist.sum_gradients(params)
         max_norm = self.args.max_grad_norm if self.args.max_grad_norm is not None else float("inf")
         grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
         if not torch.isfinite(grad_norm):
             optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError(f"{where}: gradient norm is {grad_norm.item()}{self._last_good()}")
-        self._reduce_gradients(agent)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-        self._note(f"train/{agent}/loss", loss.item())
+        self._note(f"train/{agent}/loss", loss)
         self._note(f"train/{agent}/grad_norm", grad_norm.item())
-        self._note(f"train/{agent}/logprob_mean", log_probs.detach().mean().item())
+        if log_prob_mean is not None:
+            self._note(f"train/{agent}/logprob_mean", log_prob_mean)
 
     def _rollout_seed(self) -> int:
         """The seed of this epoch's rollout trees: each tree's randomness depends only on it and
         the tree's item (tree.py), whatever the batching, ordering or rank."""
         return derive_seed(self.args.seed, "epoch", self.state.epoch)
-
-    def _reduce_gradients(self, agent: str) -> None:
-        """Hook for data-parallel training: average the agent's gradients across ranks."""
 
     # --- reference KL -------------------------------------------------------------------------
 
@@ -342,7 +374,8 @@ class MAGRPOTrainer:
             progress.set_postfix(reward=f"{reward[-1]:.3f}", step=self.state.global_step)
         self._flush_metrics(force=epoch_done)
         every = self.args.save_steps
-        if every and self.args.output_dir is not None and self.state.global_step // every > steps_before // every:
+        crossed = every and self.state.global_step // every > steps_before // every
+        if crossed and self.args.output_dir is not None and self.dist.is_main:
             checkpoint.save(self)
 
     def _last_good(self) -> str:
@@ -351,7 +384,7 @@ class MAGRPOTrainer:
 
     def _batches(self) -> list[list[int]]:
         n = _num_items(self.env)
-        size = self.args.items_per_step
+        size = self.args.items_per_step * self.dist.world_size
         return [list(range(start, min(start + size, n))) for start in range(0, n, size)]
 
     def _hook_metrics(self, env: ParallelEnv, roots: list[RolloutNode]) -> dict[str, float]:

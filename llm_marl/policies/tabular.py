@@ -4,10 +4,14 @@ The toy policy of the library: it samples and is trained through the same ``Poli
 the same loss as a language model, so learners can be tested in seconds. An answer is one
 "token" (its menu index), so ``reduction="sum"`` and ``"mean"`` agree.
 
-Rows are assigned to observations on first sight, up to ``capacity``; observations that are not
-strings (e.g. numpy arrays from other PettingZoo environments) are hashed by dtype, shape and
-bytes. Logits start at 0 (the uniform policy). Sampling uses torch's global RNG unless a
-``generator`` is given.
+Rows: an observation seen for the first time is answered from all-zero logits (the uniform
+policy, exactly what a fresh row holds) and stays *pending*; it gets its row when it is first
+scored (``log_probs``) or added with :meth:`add_observations`, new observations of one call in
+sorted order, up to ``capacity``. So the table's layout depends only on which observations were
+scored together, not on the order they were met — data-parallel ranks that add the union of
+their pending observations before each update hold identical tables. Observations that are not
+strings (e.g. numpy arrays from other PettingZoo environments) are keyed by dtype, shape and a
+digest of their bytes. Sampling uses torch's global RNG unless a generator is given.
 """
 
 from __future__ import annotations
@@ -45,30 +49,48 @@ class TabularPolicy(nn.Module):
         self.capacity = capacity
         self.logits = nn.Parameter(torch.zeros(capacity, len(self.actions)))
         self.rows: dict[str, int] = {}
+        self.pending: set[str] = set()
         self.generator = generator
 
-    def row(self, observation: Any) -> int:
-        """The table row of ``observation``, assigned on first sight."""
-        key = observation_key(observation)
-        if key not in self.rows:
+    def add_observations(self, keys: Sequence[str]) -> None:
+        """Give each new observation key a row, in sorted order."""
+        for key in sorted(set(keys) - self.rows.keys()):
             if len(self.rows) >= self.capacity:
                 raise RuntimeError(f"TabularPolicy is full: {self.capacity} distinct observations (raise capacity)")
             self.rows[key] = len(self.rows)
+            self.pending.discard(key)
+
+    def pending_observations(self) -> list[str]:
+        """Keys of observations met by ``sample`` that have no row yet, sorted."""
+        return sorted(self.pending - self.rows.keys())
+
+    def row(self, observation: Any) -> int:
+        """The table row of ``observation`` (assigned now if it has none)."""
+        key = observation_key(observation)
+        self.add_observations([key])
         return self.rows[key]
 
+    def _logits(self, observations: Sequence[Any]) -> torch.Tensor:
+        """Logits per observation without assigning rows (unknown ones are 0 and become pending)."""
+        keys = [observation_key(o) for o in observations]
+        self.pending.update(k for k in keys if k not in self.rows)
+        logits = torch.zeros(len(keys), len(self.actions))
+        known = [i for i, k in enumerate(keys) if k in self.rows]
+        if known:
+            logits[known] = self.logits.detach()[[self.rows[keys[i]] for i in known]]
+        return logits
+
     def probabilities(self, observation: Any) -> torch.Tensor:
-        """The action distribution at ``observation`` (no gradient)."""
-        with torch.no_grad():
-            return torch.softmax(self.logits[self.row(observation)], dim=-1)
+        """The action distribution at ``observation`` (no gradient, no row assigned)."""
+        return torch.softmax(self._logits([observation])[0], dim=-1)
 
     def sample(
         self, observations: Sequence[Any], num_samples: int, generators: Sequence[torch.Generator] | None = None
     ) -> list[list[Completion]]:
         """``num_samples`` answers per observation; row i draws from ``generators[i]`` when given,
         else from ``self.generator`` (or torch's global RNG)."""
-        rows = torch.tensor([self.row(o) for o in observations], dtype=torch.long)
         with torch.no_grad():
-            probs = torch.softmax(self.logits[rows], dim=-1)
+            probs = torch.softmax(self._logits(observations), dim=-1)
             if generators is None:
                 picks = torch.multinomial(probs, num_samples, replacement=True, generator=self.generator)
             else:
@@ -89,7 +111,9 @@ class TabularPolicy(nn.Module):
     ) -> torch.Tensor:
         if len(observations) != len(completions):
             raise ValueError(f"{len(observations)} observations but {len(completions)} completions")
-        rows = torch.tensor([self.row(o) for o in observations], dtype=torch.long)
+        keys = [observation_key(o) for o in observations]
+        self.add_observations(keys)
+        rows = torch.tensor([self.rows[k] for k in keys], dtype=torch.long)
         picks = torch.tensor([self.action_of(c) for c in completions], dtype=torch.long)
         return torch.log_softmax(self.logits[rows], dim=-1).gather(1, picks[:, None]).squeeze(1)
 
@@ -98,3 +122,4 @@ class TabularPolicy(nn.Module):
 
     def set_extra_state(self, state: dict[str, Any]) -> None:
         self.rows = dict(state["rows"])
+        self.pending = set()

@@ -1,0 +1,115 @@
+"""Data-parallel training with torch.distributed, launched by ``torchrun``.
+
+Launch any training script (or ``llm-marl train``) unchanged::
+
+    torchrun --nproc_per_node 2 -m llm_marl.cli train --env ClimbingGame-v0 --policy tabular
+    # several machines: the same on each, plus
+    #   --nnodes N --node_rank R --rdzv_backend c10d --rdzv_endpoint HOST:PORT
+
+The trainer finds the process group from torchrun's environment variables (backend ``nccl`` when
+CUDA is available, else ``gloo``). What changes with W ranks:
+
+- The dataset is read in global batches of ``items_per_step × W`` items; rank r rolls out its own
+  block of ``items_per_step`` of them. ``rollout_buffer_size`` and ``train_batch_size`` count
+  samples per rank, like a per-device batch size.
+- Updates happen at batch boundaries, decided together: when any rank's buffers hold
+  ``rollout_buffer_size`` samples (or at an epoch's end), every rank drains its buffers into
+  mini-batches of ``train_batch_size``; mini-batch i of all ranks forms one optimizer step whose
+  loss is the mean over the union of their samples (gradients are summed across ranks and divided
+  by the global sample count; a rank with fewer mini-batches contributes zero). So all ranks take
+  the same steps and hold identical weights, and W ranks with ``items_per_step=n`` and
+  ``rollout_buffer_size=m`` match one process with ``items_per_step=W·n``,
+  ``rollout_buffer_size=W·m`` wherever that one process also updates only at batch boundaries.
+- Rank 0 alone logs, evaluates and writes checkpoints and models. Each rank reseeds torch's
+  global RNG at every batch from (seed, rank, batch), so a resumed run needs no per-rank RNG
+  state and ranks never sample identical answers.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterable
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class DistributedContext:
+    """This process's place in the process group (rank 0 of 1 when not distributed)."""
+
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_environment(cls) -> "DistributedContext":
+        """Join the process group torchrun describes, or stay single-process."""
+        if dist.is_available() and dist.is_initialized():
+            return cls(dist.get_rank(), dist.get_world_size())
+        world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        if world_size <= 1 or not dist.is_available():
+            return cls()
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(backend=backend)
+        return cls(dist.get_rank(), dist.get_world_size())
+
+    def shard(self, batch: list[int], per_rank: int) -> list[int]:
+        """This rank's block of a global batch."""
+        return batch[self.rank * per_rank : (self.rank + 1) * per_rank]
+
+    def sum(self, value: float) -> float:
+        if not self.enabled:
+            return value
+        tensor = torch.tensor([float(value)], dtype=torch.float64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return float(tensor.item())
+
+    def max(self, value: int) -> int:
+        if not self.enabled:
+            return value
+        tensor = torch.tensor([int(value)], dtype=torch.int64)
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+        return int(tensor.item())
+
+    def union(self, keys: list[str]) -> list[str]:
+        """The sorted union of every rank's ``keys``."""
+        if not self.enabled:
+            return sorted(set(keys))
+        gathered: list[list[str] | None] = [None] * self.world_size
+        dist.all_gather_object(gathered, list(keys))
+        return sorted({key for part in gathered for key in part or []})
+
+    def sum_gradients(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        """Sum every parameter's gradient over ranks (a missing gradient counts as zero)."""
+        if not self.enabled:
+            return
+        for p in parameters:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+            grad = p.grad.to(torch.device("cpu")) if p.grad.device.type != "cuda" else p.grad
+            dist.all_reduce(grad, op=dist.ReduceOp.SUM)
+            if grad is not p.grad:
+                p.grad.copy_(grad)
+
+    def broadcast_parameters(self, parameters: Iterable[torch.nn.Parameter]) -> None:
+        """Make every rank start from rank 0's weights."""
+        if not self.enabled:
+            return
+        with torch.no_grad():
+            for p in parameters:
+                dist.broadcast(p.data, src=0)
+
+    def barrier(self) -> None:
+        if self.enabled:
+            dist.barrier()
