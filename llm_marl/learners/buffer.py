@@ -45,17 +45,28 @@ def samples_from_trees(
     """Samples of every node of ``roots`` in creation order, agents in order within a node.
 
     ``kl_penalty(agent, observations, completions)`` gives each answer's KL to the frozen
-    reference; ``kl_coef`` times it is subtracted from the returns before the baseline.
+    reference; it is called once per agent for all of that agent's answers in the trees, and
+    ``kl_coef`` times it is subtracted from the returns before the baseline.
     """
+    nodes = list(iter_nodes(roots))
+    kl: dict[str, list[list[float]]] = {agent: [[] for _ in nodes] for agent in agents}
+    if kl_penalty is not None:
+        for agent in agents:
+            observations = [node.observations[agent] for node in nodes for _ in node.completions[agent]]
+            completions = [c for node in nodes for c in node.completions[agent]]
+            values = kl_penalty(agent, observations, completions)
+            offset = 0
+            for n, node in enumerate(nodes):
+                k = len(node.completions[agent])
+                kl[agent][n] = list(values[offset : offset + k])
+                offset += k
     samples = []
-    for node in iter_nodes(roots):
+    for n, node in enumerate(nodes):
         for agent in agents:
             returns = node.agent_returns(agent)
-            kl: list[float] = []
-            if kl_penalty is not None:
-                completions = node.completions[agent]
-                kl = kl_penalty(agent, [node.observations[agent]] * len(completions), completions)
-                returns = [g - kl_coef * d for g, d in zip(returns, kl)]
+            penalty = kl[agent][n]
+            if penalty:
+                returns = [g - kl_coef * d for g, d in zip(returns, penalty)]
             for k, value in enumerate(returns):
                 if not math.isfinite(value):
                     raise FloatingPointError(
@@ -63,7 +74,7 @@ def samples_from_trees(
                     )
             advantages = group_advantages(returns, advantage_mode, normalize)
             samples.append(
-                Sample(agent, node.observations[agent], list(node.completions[agent]), returns, advantages, node.index, node.turn, kl)
+                Sample(agent, node.observations[agent], list(node.completions[agent]), returns, advantages, node.index, node.turn, penalty)
             )
     return samples
 
