@@ -228,15 +228,19 @@ def cmd_train(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     if use_default:
         print("llm-marl: no arguments, running the embedded default (tiny local LMs, MAGRPO, WritingCollab-v0)")
     trainer = build_trainer(options)
+    main_rank = trainer.dist.is_main
     run_dir = trainer.args.output_dir
-    print(f"llm-marl: run directory {run_dir} (TensorBoard: tensorboard --logdir {run_dir}/logs)")
+    if main_rank:
+        print(f"llm-marl: run directory {run_dir} (TensorBoard: tensorboard --logdir {run_dir}/logs)")
     resume = None
     if ns.resume is not None:
         resume = True if ns.resume == "latest" else ns.resume
-    before = trainer.evaluate() if not resume else None
-    samples_before = _samples(trainer) if not resume else None
+    before = trainer.evaluate() if not resume and main_rank else None
+    samples_before = _samples(trainer) if not resume and main_rank else None
     started = time.time()
     state = trainer.train(resume_from_checkpoint=resume)
+    if not main_rank:
+        return 0
     after = trainer.evaluate()
     samples_after = _samples(trainer)
     trainer.save_model(os.path.join(run_dir, "final"))
