@@ -24,6 +24,7 @@ Agents are named ``agent_0 … agent_{N-1}``.
 from __future__ import annotations
 
 import inspect
+import numbers
 from typing import Any, Callable, Mapping, Sequence
 
 import datasets
@@ -116,6 +117,10 @@ class FunctionTask(CooperativeTask):
             value = result[0]
         else:
             raise TypeError(f"reward_func must return a non-empty list of floats, got {result!r}")
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(
+                f"reward_func must return a list of floats; its element [0] is {type(value).__name__} {value!r}"
+            )
         if self.reward_processor is not None:
             value = self.reward_processor(value)
         return value
