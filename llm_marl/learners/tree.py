@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping, Sequence
 
+import gymnasium
 import torch
 from pettingzoo import ParallelEnv
 
@@ -122,6 +123,14 @@ def joint_actions(num_answers: int, num_agents: int, mode: str) -> list[tuple[in
     raise ValueError(f"joint_mode must be 'aligned' or 'cross', got {mode!r}")
 
 
+def _env_action(space: Any, completion: Completion) -> Any:
+    """What the env is sent for an answer: for a ``Discrete`` action space and a completion with a
+    menu index (tabular policies), the index offset by ``space.start``; otherwise its text."""
+    if isinstance(space, gymnasium.spaces.Discrete) and completion.action is not None:
+        return int(space.start) + completion.action
+    return completion.text
+
+
 def step_joint(env: ParallelEnv, joint: Sequence[Mapping[str, str]]) -> list[tuple]:
     """Step one fork of ``env`` per joint action; returns (env, obs, rewards, terms, truncs, infos)."""
     step_branches = getattr(env, "step_branches", None)
@@ -208,7 +217,11 @@ def grow_trees(
                 continue
             node.completions = {agent: list(answers[agent][position]) for agent in agents}
             node.joint = combos
-            joint = [{agent: node.completions[agent][combo[i]].text for i, agent in enumerate(agents)} for combo in combos]
+            spaces = {agent: open_node.env.action_space(agent) for agent in agents}
+            joint = [
+                {agent: _env_action(spaces[agent], node.completions[agent][combo[i]]) for i, agent in enumerate(agents)}
+                for combo in combos
+            ]
             where = f"item {node.index}, turn {depth}"
             try:
                 stepped = step_joint(open_node.env, joint)
