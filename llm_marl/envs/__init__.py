@@ -1,7 +1,17 @@
 """The PettingZoo face of a task."""
 
+from llm_marl.envs.adapters import DiscreteMenuWrapper, TokenIdsWrapper
 from llm_marl.envs.dialogue import Branch, DialogueEnv
 from llm_marl.envs.registry import make, register, registered_ids
 from llm_marl.envs.spaces import Utterance
 
-__all__ = ["Branch", "DialogueEnv", "Utterance", "make", "register", "registered_ids"]
+__all__ = [
+    "Branch",
+    "DialogueEnv",
+    "DiscreteMenuWrapper",
+    "TokenIdsWrapper",
+    "Utterance",
+    "make",
+    "register",
+    "registered_ids",
+]

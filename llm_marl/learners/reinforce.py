@@ -457,14 +457,14 @@ def _instantiate(env: Any, name: str) -> ParallelEnv:
 
 
 def _eval_split(env: ParallelEnv) -> ParallelEnv | None:
-    """The eval split of a DialogueEnv's task, or None when there is none."""
-    task = getattr(env, "task", None)
-    if task is None:
-        return None
+    """The eval split of a plain DialogueEnv's task, or None (wrapped and foreign envs are
+    evaluated on themselves unless an eval_env is given)."""
     from llm_marl.envs.dialogue import DialogueEnv
 
+    if type(env) is not DialogueEnv:
+        return None
     try:
-        return DialogueEnv(task, split="eval")
+        return DialogueEnv(env.task, split="eval")
     except (ValueError, KeyError, NotImplementedError):
         return None
 

@@ -131,6 +131,14 @@ def _env_action(space: Any, completion: Completion) -> Any:
     return completion.text
 
 
+def _action_space(env: ParallelEnv, agent: str) -> Any:
+    """The env's action space of ``agent``, or None where the env defines none."""
+    try:
+        return env.action_space(agent)
+    except (AttributeError, KeyError, NotImplementedError):
+        return None
+
+
 def step_joint(env: ParallelEnv, joint: Sequence[Mapping[str, str]]) -> list[tuple]:
     """Step one fork of ``env`` per joint action; returns (env, obs, rewards, terms, truncs, infos)."""
     step_branches = getattr(env, "step_branches", None)
@@ -217,7 +225,7 @@ def grow_trees(
                 continue
             node.completions = {agent: list(answers[agent][position]) for agent in agents}
             node.joint = combos
-            spaces = {agent: open_node.env.action_space(agent) for agent in agents}
+            spaces = {agent: _action_space(open_node.env, agent) for agent in agents}
             joint = [
                 {agent: _env_action(spaces[agent], node.completions[agent][combo[i]]) for i, agent in enumerate(agents)}
                 for combo in combos
