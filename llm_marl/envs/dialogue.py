@@ -110,7 +110,9 @@ class DialogueEnv(ParallelEnv):
         rng, rng_seed = (self._np_random, self._np_random_seed) if seed is None else seeding.np_random(seed)
         if index is None:
             if seed is None:
-                rng = copy.deepcopy(rng)  # committed below, only if the reset succeeds
+                # Committed below, only if the reset succeeds. Never draw from self._np_random in
+                # place: forks share that object (see fork()).
+                rng = copy.deepcopy(rng)
             index = int(rng.integers(len(self.data)))
         index = int(index)
         item = self.data[index]
@@ -155,7 +157,9 @@ class DialogueEnv(ParallelEnv):
         twin = copy.copy(self)
         twin.agents = list(self.agents)
         twin._observations = dict(self._observations)
-        twin._np_random = copy.deepcopy(self._np_random)
+        # The twin shares the row-drawing generator object: it is never drawn from in place
+        # (reset draws from a deep copy and then replaces the attribute), so sharing it is as
+        # independent as copying it, and a fork costs no generator copy (~0.6 ms each).
         return twin
 
     def step_branches(self, joint_actions: Sequence[Mapping[str, str]]) -> list[Branch]:
