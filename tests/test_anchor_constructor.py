@@ -338,11 +338,12 @@ VARIANTS = [
 ]
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("num_turns", [1, 2])
+# multi-turn is covered by the heterogeneous variants and the agent_model test
+@pytest.mark.parametrize(
+    "num_turns, variant",
+    [(n, v) for n in (1, 2) for v in VARIANTS if n == 1 or v.startswith("heterogeneous")],
+)
 def test_agents_variants_train(variant, num_turns, model_a, model_b, tmp_path):
-    if num_turns == 2 and not variant.startswith("heterogeneous"):
-        pytest.skip("multi-turn is covered by the heterogeneous variants and the agent_model test")
     rec = Recorder()
     kwargs, vocab_sizes = _variant(variant, model_a, model_b)
     trainer = MAGRPOTrainer(
@@ -378,7 +379,7 @@ def test_args_default_and_model_config(model_a):
         formatters=rec.formatter_plain,
         external_transition=lambda **kwargs: ["next"] * 3,  # the default config has num_turns=2
         train_dataset=TRAIN,
-        model_config={"dtype": torch.float32, "special_tokens": {"additional_special_tokens": ["<|sep|>"]}},
+        model_config={"dtype": torch.float64, "special_tokens": {"additional_special_tokens": ["<|sep|>"]}},
     )
     assert isinstance(trainer.args, MAGRPOConfig) and trainer.args.num_agents == 3
     for policy in trainer.policies.values():
@@ -386,7 +387,7 @@ def test_args_default_and_model_config(model_a):
         sep = policy.tokenizer.convert_tokens_to_ids("<|sep|>")
         assert sep == 1000 and policy.tokenizer("x<|sep|>y")["input_ids"][1] == sep  # one token
         assert policy.model.get_input_embeddings().weight.shape[0] == len(policy.tokenizer) == 1001
-        assert policy.model.dtype == torch.float32
+        assert policy.model.dtype == torch.float64  # model_config's dtype reached from_pretrained
 
 
 # --- errors ------------------------------------------------------------------------------------

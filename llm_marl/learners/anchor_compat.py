@@ -136,13 +136,22 @@ def _load_model(source: Any, index: int, model_config: dict[str, Any], shared: b
         kwargs = {}
         dtype = model_config.get("dtype", model_config.get("torch_dtype"))
         if dtype is not None:
-            kwargs["dtype"] = dtype
+            kwargs[_dtype_keyword()] = dtype
         if model_config.get("attn_implementation") is not None:
             kwargs["attn_implementation"] = model_config["attn_implementation"]
         return AutoModelForCausalLM.from_pretrained(source, **kwargs)
     if not hasattr(source, "generate"):
         raise TypeError(f"agent {index}: expected a model id/path or a causal LM, got {type(source).__name__}")
     return copy.deepcopy(source) if shared else source
+
+
+def _dtype_keyword() -> str:
+    """``from_pretrained``'s dtype keyword: ``dtype`` from transformers 4.56 on, ``torch_dtype``
+    before (older versions would silently store an unknown ``dtype=`` in the config)."""
+    import transformers
+    from packaging.version import Version
+
+    return "dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype"
 
 
 def _add_special_tokens(models: list[Any], tokenizers: list[Any], special: dict[str, Any] | None) -> None:
