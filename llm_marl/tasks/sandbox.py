@@ -85,7 +85,6 @@ import math
 import os
 import re
 import secrets
-import selectors
 import shutil
 import signal
 import stat
@@ -93,10 +92,12 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from importlib import resources
 from typing import Mapping, NamedTuple, Sequence
+
+from llm_marl.tasks._sandbox_io import Exchange, communicate
 
 __all__ = [
     "LoadError",
@@ -112,9 +113,11 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _PATH = "/usr/local/bin:/usr/bin:/bin"
-_READ_CHUNK = 65536
-_STOP_GRACE = 2.0  # seconds a stopped sandbox gets to exit (and its pipes to close)
 _UID_RANGE = (1 << 24, 1 << 30)  # fresh uids are drawn from here; far above real accounts
+# The child-side scripts travel as text (the supervisor as `python -I -S -c`, the harness as
+# the program), so nothing in the sandbox needs to reach this package's files.
+_SUPERVISOR = (resources.files(__package__) / "_sandbox_supervisor.py").read_text("utf-8")
+_HARNESS = (resources.files(__package__) / "_sandbox_harness.py").read_text("utf-8")
 
 
 class SandboxError(RuntimeError):
@@ -168,234 +171,6 @@ class _Isolation:
 
     namespaces: bool
     userns: bool
-
-
-# --------------------------------------------------------------------------------------------
-# The supervisor. It runs as `python -I -S -c _SUPERVISOR <fd>` with the caller's privileges,
-# reads its configuration (JSON) from that pipe and forks twice:
-#   launcher L: enters the namespaces, waits for I;
-#   init I (pid 1 of the new pid namespace): sets up the file system, reaps, reports the
-#     program's exit status, kills what the program left;
-#   program: limits itself, drops its uid and execs the interpreter on the program file.
-# SIGTERM to L asks for a stop: L forwards it to I, which SIGKILLs the program's process group
-# and reports. L outlives I, so once L has exited the pid namespace is empty.
-# Status lines (JSON) go to the caller on the file descriptor CONFIG["status_fd"]:
-# {"exit": n} | {"signal": n} | {"error": text}.
-_SUPERVISOR = r'''
-import ctypes, json, os, resource, signal, sys
-
-with os.fdopen(int(sys.argv[1]), "rb") as config_file:
-    CONFIG = json.loads(config_file.read())
-STATUS = CONFIG["status_fd"]
-LIBC = ctypes.CDLL(None, use_errno=True)
-LIBC.mount.argtypes = (ctypes.c_char_p,) * 3 + (ctypes.c_ulong, ctypes.c_char_p)
-LIBC.umount2.argtypes = (ctypes.c_char_p, ctypes.c_int)
-LIBC.unshare.argtypes = (ctypes.c_int,)
-LIBC.prctl.argtypes = (ctypes.c_int,) + (ctypes.c_ulong,) * 4
-CLONE_NEWNS, CLONE_NEWUSER = 0x20000, 0x10000000
-CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 0x1, 0x2, 0x4, 0x8
-MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 0x20, 0x1000, 0x4000, 0x40000
-MNT_DETACH, PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 2, 1, 38
-NOT_MADE_READ_ONLY = ("/proc", "/sys", "/dev/pts")  # with their submounts; and /dev itself
-TERM = {signal.SIGTERM}
-
-
-def report(**record):
-    os.write(STATUS, (json.dumps(record) + "\n").encode())
-
-
-def call(name, *args):
-    if getattr(LIBC, name)(*args) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, "%s%r: %s" % (name, args, os.strerror(err)))
-
-
-def encoded(text):
-    return None if text is None else text.encode()
-
-
-def mount(source, target, fstype, flags, data=None):
-    call("mount", encoded(source), encoded(target), encoded(fstype), flags, encoded(data))
-
-
-def write_file(path, text):
-    with open(path, "w") as file:
-        file.write(text)
-
-
-def enter_namespaces():
-    flags = CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET
-    if not CONFIG["userns"]:
-        call("unshare", flags)
-        return
-    uid, gid = os.getuid(), os.getgid()
-    call("unshare", flags | CLONE_NEWUSER)
-    write_file("/proc/self/setgroups", "deny")
-    write_file("/proc/self/uid_map", "%d %d 1" % (uid, uid))
-    write_file("/proc/self/gid_map", "%d %d 1" % (gid, gid))
-
-
-def mount_points():
-    with open("/proc/self/mountinfo") as file:
-        for line in file:
-            fields = line.split()
-            path = fields[4].replace("\\040", " ").replace("\\011", "\t").replace("\\134", "\\")
-            yield path, set(fields[5].split(","))
-
-
-def remount_read_only(path, options):
-    flags = MS_REMOUNT | MS_BIND | MS_RDONLY
-    for name, bit in (("nosuid", MS_NOSUID), ("nodev", MS_NODEV), ("noexec", MS_NOEXEC)):
-        if name in options:
-            flags |= bit
-    mount(None, path, None, flags)
-
-
-def closed_ancestor(path):
-    """The first directory above path that an unprivileged uid cannot enter, or None."""
-    parts = path.strip("/").split("/")[:-1]
-    for depth in range(len(parts) + 1):
-        ancestor = "/" + "/".join(parts[:depth])
-        if not os.stat(ancestor).st_mode & 0o001:
-            return ancestor
-    return None
-
-
-def expose(path, stash):
-    """Cover path's closed ancestor with an empty tmpfs and bind path back in, read-only."""
-    closed = closed_ancestor(path)
-    if closed is None:
-        return
-    mount(path, stash, None, MS_BIND | MS_REC)
-    mount("tmpfs", closed, "tmpfs", MS_NOSUID | MS_NODEV, "size=1m,mode=0755")
-    os.makedirs(path, exist_ok=True)
-    mount(stash, path, None, MS_BIND | MS_REC)
-    call("umount2", stash.encode(), MNT_DETACH)
-    remount_read_only(path, {"nosuid", "nodev"})
-    remount_read_only(closed, {"nosuid", "nodev"})
-
-
-def isolate_filesystem():
-    work = CONFIG["workdir"]
-    mount(None, "/", None, MS_REC | MS_PRIVATE)
-    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
-    mount("tmpfs", work, "tmpfs", MS_NOSUID | MS_NODEV, CONFIG["workdir_options"])
-    stash = os.path.join(os.path.dirname(work), "stash")
-    if CONFIG["expose"]:
-        os.mkdir(stash, 0o700)
-    for path, options in list(mount_points()):
-        skipped = path == work or path == "/dev" or any(
-            path == top or path.startswith(top + "/") for top in NOT_MADE_READ_ONLY)
-        if not skipped and "ro" not in options:
-            remount_read_only(path, options)
-    for path in CONFIG["expose"]:
-        expose(path, stash)
-
-
-def become_program():
-    os.setsid()
-    os.set_inheritable(STATUS, False)
-    for name, (soft, hard) in CONFIG["rlimits"].items():
-        resource.setrlimit(getattr(resource, name), (soft, hard))
-    call("prctl", PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)
-    uid = CONFIG["uid"]
-    if uid is not None:
-        os.setgroups([])
-        os.setgid(uid)
-        os.setuid(uid)
-    os.chdir(CONFIG["workdir"])
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, TERM)
-    python = CONFIG["python"]
-    os.execve(python, [python, "-I", "-S", "-B", CONFIG["program"]], CONFIG["env"])
-
-
-def kill_group(pgid):
-    for kill, target in ((os.killpg, pgid), (os.kill, pgid)):
-        try:
-            kill(target, signal.SIGKILL)
-        except OSError:
-            pass
-
-
-def kill_uid(uid):
-    """SIGKILL every process of uid: a helper with that uid signals all it may (kill(-1))."""
-    helper = os.fork()
-    if helper == 0:
-        try:
-            os.setuid(uid)
-            os.kill(-1, signal.SIGKILL)
-        finally:
-            os._exit(0)
-    os.waitpid(helper, 0)
-
-
-def init():
-    program = None
-
-    def stop(signum, frame):  # SIGTERM stays blocked (since the launcher) until program is set
-        kill_group(program)
-
-    signal.signal(signal.SIGTERM, stop)
-    try:
-        call("prctl", PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if CONFIG["namespaces"]:
-            isolate_filesystem()
-        program = os.fork()
-    except BaseException as exc:
-        report(error="setting up the sandbox: %s" % (exc,))
-        os._exit(1)
-    if program == 0:
-        try:
-            become_program()
-        except BaseException as exc:
-            report(error="starting the program: %s" % (exc,))
-        os._exit(127)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, TERM)
-    while True:  # as pid 1 of a namespace, also reap orphans
-        pid, status = os.waitpid(-1, 0)
-        if pid == program:
-            break
-    kill_group(program)
-    if CONFIG["uid"] is not None and not CONFIG["namespaces"]:
-        kill_uid(CONFIG["uid"])
-    if os.WIFSIGNALED(status):
-        report(signal=os.WTERMSIG(status))
-    else:
-        report(exit=os.WEXITSTATUS(status))
-    os._exit(0)
-
-
-def launcher():
-    child = None
-
-    def forward(signum, frame):
-        if child is None:
-            os._exit(1)
-        os.kill(child, signal.SIGTERM)
-
-    signal.signal(signal.SIGTERM, forward)
-    call("prctl", PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    if os.getppid() != CONFIG["caller"]:
-        return
-    try:
-        if CONFIG["namespaces"]:
-            enter_namespaces()
-    except OSError as exc:
-        report(error="entering namespaces: %s" % (exc,))
-        return
-    signal.pthread_sigmask(signal.SIG_BLOCK, TERM)
-    pid = os.fork()
-    if pid == 0:
-        init()
-    child = pid
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, TERM)
-    os.waitpid(child, 0)
-
-
-launcher()
-'''
 
 
 # --------------------------------------------------------------------------------------------
@@ -534,7 +309,7 @@ def _launch(code: str, isolation: _Isolation, limits: _Limits) -> SandboxResult:
     )
 
 
-def _supervise(config: dict, cwd: str, limits: _Limits) -> _Exchange:
+def _supervise(config: dict, cwd: str, limits: _Limits) -> Exchange:
     """Start the supervisor with config (plus the status pipe) and talk to it until it ends."""
     config_read, config_write = os.pipe()
     status_read, status_write = os.pipe()
@@ -556,121 +331,12 @@ def _supervise(config: dict, cwd: str, limits: _Limits) -> _Exchange:
         except BrokenPipeError:  # the supervisor died at once; its stderr says why
             pass
         stdin = None if limits.stdin is None else limits.stdin.encode("utf-8", "surrogatepass")
-        return _communicate(process, status_read, stdin, limits.timeout,
-                            limits.max_output_bytes)
+        return communicate(process, status_read, stdin, limits.timeout,
+                           limits.max_output_bytes)
     finally:
         os.close(status_read)
         if config_write is not None:
             os.close(config_write)
-
-
-class _Exchange(NamedTuple):
-    """What came back from one supervisor: output, status lines, and how it was stopped."""
-
-    stdout: bytes
-    stderr: bytes
-    status: bytes
-    timed_out: bool
-    truncated: bool
-    duration: float
-    supervisor_exit: int
-
-
-def _communicate(process: subprocess.Popen, status_fd: int, stdin: bytes | None,
-                 timeout: float, max_output: int) -> _Exchange:
-    """Feed stdin, collect capped output and status until the sandbox ends; stop it on a limit."""
-    start = time.monotonic()
-    out_fd, err_fd = process.stdout.fileno(), process.stderr.fileno()
-    captured = {out_fd: bytearray(), err_fd: bytearray(), status_fd: bytearray()}
-    selector = selectors.DefaultSelector()
-    for fd in captured:
-        os.set_blocking(fd, False)
-        selector.register(fd, selectors.EVENT_READ)
-    pending = memoryview(stdin or b"")
-    stdin_fd = process.stdin.fileno() if process.stdin is not None else None
-    if stdin_fd is not None:
-        if pending:
-            os.set_blocking(stdin_fd, False)
-            selector.register(stdin_fd, selectors.EVENT_WRITE)
-        else:
-            process.stdin.close()
-    deadline = start + timeout
-    timed_out = truncated = stopping = False
-
-    def stop() -> None:
-        nonlocal stopping, deadline
-        stopping = True
-        deadline = time.monotonic() + _STOP_GRACE
-        try:
-            process.send_signal(signal.SIGTERM)  # the launcher forwards it: see _SUPERVISOR
-        except ProcessLookupError:
-            pass
-
-    try:
-        while out_fd in selector.get_map() or err_fd in selector.get_map():
-            now = time.monotonic()
-            if now >= deadline:
-                # Once the supervisor has exited (status closed) only strays hold the pipes.
-                if stopping or status_fd not in selector.get_map():
-                    break
-                timed_out = True
-                stop()
-                continue
-            for key, _ in selector.select(deadline - now):
-                fd = key.fd
-                if fd == stdin_fd:
-                    try:
-                        pending = pending[os.write(fd, pending[:_READ_CHUNK]):]
-                    except (BlockingIOError, InterruptedError):
-                        continue
-                    except BrokenPipeError:
-                        pending = pending[:0]
-                    if not pending:
-                        selector.unregister(fd)
-                        process.stdin.close()
-                    continue
-                try:
-                    data = os.read(fd, _READ_CHUNK)
-                except (BlockingIOError, InterruptedError):
-                    continue
-                if not data:
-                    selector.unregister(fd)
-                    if fd == status_fd:
-                        deadline = min(deadline, time.monotonic() + _STOP_GRACE)
-                    continue
-                if fd == status_fd:
-                    captured[fd] += data
-                    continue
-                room = max_output - len(captured[out_fd]) - len(captured[err_fd])
-                captured[fd] += data[:room]
-                if len(data) > room and not truncated:
-                    truncated = True
-                    if not stopping:
-                        stop()
-    finally:
-        selector.close()
-        for stream in (process.stdin, process.stdout, process.stderr):
-            if stream is not None:
-                stream.close()
-        try:
-            process.wait(timeout=_STOP_GRACE)
-        except subprocess.TimeoutExpired:  # the supervisor itself is stuck: kill its group
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            process.wait()
-    while True:  # the status pipe is closed once the supervisor is gone; read what is left
-        try:
-            data = os.read(status_fd, _READ_CHUNK)
-        except BlockingIOError:
-            break
-        if not data:
-            break
-        captured[status_fd] += data
-    return _Exchange(bytes(captured[out_fd]), bytes(captured[err_fd]),
-                     bytes(captured[status_fd]), timed_out, truncated,
-                     time.monotonic() - start, process.returncode)
 
 
 def _reason(returncode: int, stderr: str, timed_out: bool, truncated: bool,
@@ -833,71 +499,6 @@ class TestReport:
         return self.passed / self.total if self.total else 0.0
 
 
-_HARNESS = r'''
-import json, os, signal, sys, traceback
-
-MARK, PROGRAM, TESTS, BUDGET = %(mark)r, %(program)r, %(tests)r, %(budget)r
-REPORT = os.dup(1)  # survives the program replacing or closing sys.stdout
-
-
-class Timeout(BaseException):
-    pass
-
-
-def alarm(signum, frame):
-    raise Timeout
-
-
-def emit(record):
-    try:
-        sys.stdout.flush()
-    except BaseException:
-        pass
-    os.write(REPORT, ("\n" + MARK + json.dumps(record) + "\n").encode())
-
-
-def text(value):
-    try:
-        return str(value)[:500]
-    except BaseException:
-        return "<unprintable>"
-
-
-def failure(exc, filename):
-    if isinstance(exc, Timeout):
-        return {"error_type": "Timeout", "message": "exceeded %%gs" %% BUDGET}
-    if isinstance(exc, SyntaxError) and exc.filename == filename:
-        return {"error_type": type(exc).__name__, "message": text(exc.msg),
-                "lineno": exc.lineno, "offset": exc.offset}
-    lines = [frame.lineno for frame in traceback.extract_tb(exc.__traceback__)
-             if frame.filename == filename]
-    return {"error_type": type(exc).__name__, "message": text(exc),
-            "lineno": lines[-1] if lines else None, "offset": None}
-
-
-def run(source, filename, namespace):
-    try:
-        code = compile(source, filename, "exec")
-        signal.setitimer(signal.ITIMER_REAL, BUDGET)
-        try:
-            exec(code, namespace)
-        finally:  # an alarm that fires in here is still caught below
-            signal.setitimer(signal.ITIMER_REAL, 0)
-    except BaseException as exc:
-        return failure(exc, filename)
-    return None
-
-
-signal.signal(signal.SIGALRM, alarm)
-namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-error = run(PROGRAM, "<program>", namespace)
-emit({"load": error})
-if error is None:
-    for index, test in enumerate(TESTS):
-        emit({"test": index, "failure": run(test, "<test %%d>" %% index, namespace)})
-'''
-
-
 def run_tests(program: str, tests: Sequence[str], *, timeout_per_test: float = 2.0,
               **limits) -> TestReport:
     """Run ``program``, then each test statement in turn, in one sandbox.
@@ -912,9 +513,8 @@ def run_tests(program: str, tests: Sequence[str], *, timeout_per_test: float = 2
         raise ValueError(f"timeout_per_test must be positive, got {timeout_per_test!r}")
     limits.setdefault("timeout", timeout_per_test * (len(tests) + 1) + 2.0)
     mark = f"@@llm_marl-sandbox-{secrets.token_hex(16)}@@"
-    harness = _HARNESS % {"mark": mark, "program": program, "tests": tests,
-                          "budget": float(timeout_per_test)}
-    result = run_program(harness, **limits)
+    call = f"main({mark!r}, {program!r}, {tests!r}, {float(timeout_per_test)!r})"
+    result = run_program(f"{_HARNESS}\n\n{call}\n", **limits)
 
     verdict = re.compile("\n" + re.escape(mark) + "([^\n]*)\n")
     records = [json.loads(line) for line in verdict.findall(result.stdout)]
