@@ -44,18 +44,23 @@ DEFAULT_RUN: dict[str, Any] = {
     "temperature": 1.0,
     "top_p": 1.0,
     "top_k": None,
-    "agent_learning_rate": 1e-3,
+    "agent_learning_rate": 3e-4,
     "early_termination_threshold": None,
     "reference_kl_enabled": True,
     "reference_kl_coef": 0.05,
     "eval_interval": 0,
-    "eval_num_samples": 16,
-    "eval_batch_size": 16,
+    "eval_num_samples": 32,
+    "eval_batch_size": 32,
     "logging_steps": 1,
     "max_grad_norm": 1.0,
-    "train_items": 96,
+    "train_items": 64,
 }
-"""The embedded default run (``llm-marl train`` with no arguments)."""
+"""The embedded default run (``llm-marl train`` with no arguments).
+
+Measured (tests/test_lm_training.py): at agent_learning_rate 3e-4 the mean eval reward of the
+tiny models rises from ~0.12 to ~0.20-0.26 within 6 batches; at 1e-3 one Adam step moves the tiny
+model so far that the reference KL dominates the [0, 1] reward and some seeds collapse into
+punctuation, so the default stays at 3e-4."""
 
 
 def learner_classes(name: str) -> tuple[type, type]:
