@@ -19,24 +19,13 @@ Any option of ``DEFAULT_RUN`` or config field can be changed with ``--set name=v
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import time
 
 import torch
 import yaml
 
-from llm_marl.cli import DEFAULT_RUN, build_trainer, format_summary
-
-
-def sample_answers(trainer, count=2):
-    """One answer per agent to the first ``count`` eval prompts."""
-    env = trainer.eval_env or trainer.env
-    shown = []
-    for index in range(min(count, len(env.data))):
-        observations, _ = env.fork().reset(options={"index": index})
-        shown.append({a: trainer.policies[a].sample([observations[a]], 1)[0][0].text for a in trainer.agents})
-    return shown
+from llm_marl.cli import DEFAULT_RUN, build_trainer, format_summary, train_and_summarize
 
 
 def main() -> None:
@@ -56,30 +45,7 @@ def main() -> None:
         name, _, value = assignment.partition("=")
         options[name.strip().replace("-", "_")] = yaml.safe_load(value)
     options["output_dir"] = cli.output_dir or os.path.join("runs", time.strftime("default-%Y%m%d-%H%M%S"))
-
-    trainer = build_trainer(options)  # the command's own builder: env, policies, config
-    run_dir = trainer.args.output_dir
-    print(f"run directory {run_dir} (tensorboard --logdir {run_dir}/logs)")
-    before = trainer.evaluate()
-    samples_before = sample_answers(trainer)
-    started = time.time()
-    state = trainer.train()
-    after = trainer.evaluate()
-    samples_after = sample_answers(trainer)
-    trainer.save_model(os.path.join(run_dir, "final"))
-    summary = {
-        "options": options,
-        "seconds": round(time.time() - started, 1),
-        "batches": state.batch_step,
-        "optimizer_steps": state.global_step,
-        "skipped_items": state.skipped_items,
-        "eval_before": before,
-        "eval_after": after,
-        "samples_before": samples_before,
-        "samples_after": samples_after,
-    }
-    with open(os.path.join(run_dir, "summary.json"), "w") as f:
-        json.dump(summary, f, indent=2, default=str)
+    summary = train_and_summarize(build_trainer(options), options)
     print(format_summary(summary))
 
 

@@ -25,7 +25,6 @@ import json
 import os
 import sys
 import time
-import typing
 from typing import Any, Sequence
 
 LEARNERS = {"magrpo": "MAGRPO", "mareinforce": "MAREINFORCE", "marloo": "MARLOO", "maremax": "MAReMax"}
@@ -135,8 +134,6 @@ def _run_options(ns: argparse.Namespace, use_default: bool) -> dict[str, Any]:
 
 def build_trainer(options: dict[str, Any]) -> Any:
     """A trainer from run options: env id, policy kind, model, learner and config fields."""
-    from llm_marl.envs import make
-
     config_class, trainer_class = learner_classes(options.get("learner", "magrpo"))
     fields = set(config_class.field_names())
     unknown = sorted(set(options) - fields - {"env", "policy", "model", "learner", "actions", "train_items"})
@@ -232,25 +229,31 @@ def cmd_train(ns: argparse.Namespace, argv: Sequence[str]) -> int:
         options["output_dir"] = os.path.join("runs", f"{options.get('env', 'run')}-{options.get('learner', 'magrpo')}-{stamp}")
     if use_default:
         print("llm-marl: no arguments, running the embedded default (tiny local LMs, MAGRPO, WritingCollab-v0)")
-    trainer = build_trainer(options)
+    resume = None
+    if ns.resume is not None:
+        resume = True if ns.resume == "latest" else ns.resume
+    summary = train_and_summarize(build_trainer(options), options, resume)
+    if summary is not None:
+        print(format_summary(summary))
+    return 0
+
+
+def train_and_summarize(trainer: Any, options: dict[str, Any], resume: str | bool | None = None) -> dict[str, Any] | None:
+    """Evaluate, train, evaluate again, save the models to ``output_dir/final`` and write
+    ``summary.json``; returns the summary (None on ranks other than 0)."""
     main_rank = trainer.dist.is_main
     run_dir = trainer.args.output_dir
     if main_rank:
         print(f"llm-marl: run directory {run_dir} (TensorBoard: tensorboard --logdir {run_dir}/logs)")
-    resume = None
-    if ns.resume is not None:
-        resume = True if ns.resume == "latest" else ns.resume
     before = trainer.evaluate() if not resume and main_rank else None
     samples_before = _samples(trainer) if not resume and main_rank else None
     started = time.time()
     state = trainer.train(resume_from_checkpoint=resume)
     if not main_rank:
-        return 0
+        return None
     after = trainer.evaluate()
-    samples_after = _samples(trainer)
-    trainer.save_model(os.path.join(run_dir, "final"))
     summary = {
-        "options": {k: v for k, v in options.items()},
+        "options": dict(options),
         "seconds": round(time.time() - started, 1),
         "batches": state.batch_step,
         "optimizer_steps": state.global_step,
@@ -258,12 +261,12 @@ def cmd_train(ns: argparse.Namespace, argv: Sequence[str]) -> int:
         "eval_before": before,
         "eval_after": after,
         "samples_before": samples_before,
-        "samples_after": samples_after,
+        "samples_after": _samples(trainer),
     }
+    trainer.save_model(os.path.join(run_dir, "final"))
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, default=str)
-    print(format_summary(summary))
-    return 0
+    return summary
 
 
 def format_summary(summary: dict[str, Any]) -> str:

@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import time
-import warnings
 
 import pytest
 import torch

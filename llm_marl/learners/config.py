@@ -9,7 +9,7 @@ beyond the specification follow Hugging Face ``TrainingArguments`` names where o
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 JOINT_MODES = ("aligned", "cross", "crossed")

@@ -27,12 +27,11 @@ A minimal task::
 
 from __future__ import annotations
 
-import inspect
 import math
 import numbers
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import datasets
 

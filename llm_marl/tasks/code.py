@@ -273,7 +273,7 @@ def full_feedback(item: Mapping[str, Any], details: Mapping[str, Any], agent: st
             return f"`{name}` defined but it never returns a value"
         return f"`{name}` missing"
 
-    lines = [f"Diagnostics:", f"- functions: {found(AUX_NAME, 'aux')}; {found(entry, 'main')}."]
+    lines = ["Diagnostics:", f"- functions: {found(AUX_NAME, 'aux')}; {found(entry, 'main')}."]
     errors = [
         f"syntax error in {owner[agent]} code at {details[f'{key}_syntax_error']}"
         for key, owner in (("aux", you[0]), ("main", you[1]))
