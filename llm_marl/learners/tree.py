@@ -74,15 +74,15 @@ class RolloutNode:
 
     def nodes(self) -> Iterator["RolloutNode"]:
         """This node and its descendants, level by level (the order they were created)."""
-        level = [self]
-        while level:
-            yield from level
-            level = [child for node in level for child in node.children if child is not None]
+        return _level_order([self])
 
 
 def iter_nodes(roots: Sequence[RolloutNode]) -> Iterator[RolloutNode]:
     """Every node of several trees in creation order: depth by depth, trees in order."""
-    level = [root for root in roots if root.error is None]
+    return _level_order([root for root in roots if root.error is None])
+
+
+def _level_order(level: list[RolloutNode]) -> Iterator[RolloutNode]:
     while level:
         yield from level
         level = [child for node in level for child in node.children if child is not None]
