@@ -65,7 +65,7 @@ def test_is_a_policy_and_samples_n_per_prompt(model_dir):
 
 
 def test_one_generate_call_unless_max_batch_size(model_dir, monkeypatch):
-    policy = make(model_dir, max_new_tokens=4)
+    policy = make(model_dir, max_new_tokens=4, use_hf_generate=True)
     calls = []
     original = policy.model.generate
 
@@ -80,6 +80,26 @@ def test_one_generate_call_unless_max_batch_size(model_dir, monkeypatch):
     policy.max_batch_size = 6  # two prompts x 3 samples per call
     assert [len(g) for g in policy.sample(PROMPTS, 3)] == [3, 3, 3]
     assert calls == [6, 3]
+
+
+def test_decode_loop_runs_each_prompt_once_then_one_forward_per_token(model_dir, monkeypatch):
+    policy = make(model_dir, max_new_tokens=4, min_new_tokens=4)
+    forwards = []
+    original = policy.model.forward
+
+    def recording(*args, **kwargs):
+        forwards.append(tuple(kwargs["input_ids"].shape))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(policy.model, "forward", recording)
+    widths = [len(p) for p in policy.encode_prompts(PROMPTS)]
+    policy.sample(PROMPTS, 3)
+    # one prefill of the 3 distinct prompts, then 3 forwards of 9 rows (the 4th token needs none)
+    assert forwards == [(3, max(widths))] + [(9, 1)] * 3
+    forwards.clear()
+    policy.max_batch_size = 6
+    policy.sample(PROMPTS, 3)
+    assert forwards == [(2, max(widths[:2]))] + [(6, 1)] * 3 + [(1, widths[2])] + [(3, 1)] * 3
 
 
 def test_sampling_restores_mode_and_builds_no_graph(model_dir):
@@ -179,9 +199,94 @@ def test_scores_match_generate_transition_scores(model_dir):
     for row, c in enumerate(completions):
         n = len(c.token_ids)
         torch.testing.assert_close(values[row, :n], scores[row, :n], atol=1e-4, rtol=0)
-    # policy.sample draws from exactly that distribution: same seed, same tokens
+    # with use_hf_generate, policy.sample is exactly that generate call: same seed, same tokens
+    policy.use_hf_generate = True
     torch.manual_seed(3)
     assert flat(policy.sample(PROMPTS, 2)) == completions
+
+
+@pytest.mark.parametrize("settings", [{}, {"temperature": 0.7, "top_k": 20, "top_p": 0.9}])
+def test_decode_loop_samples_from_the_distribution_it_is_scored_by(model_dir, monkeypatch, settings):
+    """Every step of the KV-cached loop (prompts run once, caches repeated, left padding) sees the
+    same next-token distribution as the one-pass scorer: the logits _draw receives, tempered,
+    equal token_log_probs row by row and token by token."""
+    policy = make(model_dir, max_new_tokens=10, **settings)
+    seen = []
+    original = policy._draw
+
+    def recording(logits, ban_eos=False):
+        seen.append(torch.log_softmax(logits.float() / policy.temperature, dim=-1))
+        return original(logits, ban_eos)
+
+    monkeypatch.setattr(policy, "_draw", recording)
+    torch.manual_seed(4)
+    groups = policy.sample(PROMPTS, 3)
+    completions = flat(groups)
+    observations = [o for o in PROMPTS for _ in range(3)]
+    with torch.no_grad():
+        values, mask = policy.token_log_probs(observations, completions)
+    for row, c in enumerate(completions):
+        for t, token in enumerate(c.token_ids):
+            assert mask[row, t]
+            assert values[row, t].item() == pytest.approx(seen[t][row, token].item(), abs=1e-4)
+            if settings:  # truncation: only tokens inside the top-k and the top-p nucleus are drawn
+                probs = seen[t][row].exp()
+                assert probs[token] >= probs.topk(20).values[-1]
+                assert (probs[probs > probs[token]]).sum() < 0.9
+
+
+def test_draw_matches_the_categorical_distribution(model_dir):
+    policy = make(model_dir, temperature=0.5, top_k=None, top_p=None)
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0, 0.5]]).repeat(40000, 1)
+    torch.manual_seed(0)
+    counts = torch.bincount(policy._draw(logits), minlength=5).double() / len(logits)
+    expected = torch.softmax(logits[0].double() / 0.5, -1)
+    assert (counts - expected).abs().max() < 0.01  # 4 standard errors at most
+
+    policy.top_k, policy.top_p = 3, None
+    counts = torch.bincount(policy._draw(logits), minlength=5).double() / len(logits)
+    top3 = torch.softmax(torch.tensor([2.0, 1.0, float("-inf"), float("-inf"), 0.5]).double() / 0.5, -1)
+    assert (counts - top3).abs().max() < 0.01 and counts[[2, 3]].sum() == 0
+
+    policy.top_k, policy.top_p = None, 0.9  # p = .83, .11, .015, .002, .041: nucleus {0, 1}
+    counts = torch.bincount(policy._draw(logits), minlength=5).double() / len(logits)
+    nucleus = expected.clone()
+    nucleus[2:] = 0
+    assert (counts - nucleus / nucleus.sum()).abs().max() < 0.01
+
+    policy.top_p = None
+    policy.eos_token_ids = (0,)
+    drawn = policy._draw(logits[:1000], ban_eos=True)
+    assert (drawn != 0).all()
+
+
+def test_min_new_tokens_forbids_an_early_eos(model_dir):
+    policy = make(model_dir, max_new_tokens=6, min_new_tokens=6, temperature=3.0)
+    torch.manual_seed(0)
+    assert all(len(c.token_ids) == 6 for c in flat(policy.sample(PROMPTS, 4)))
+    with pytest.raises(ValueError, match="min_new_tokens"):
+        make(model_dir, max_new_tokens=3, min_new_tokens=4)
+
+
+def test_shared_prompt_scoring_equals_one_pass_scoring_with_gradients(model_dir):
+    policy = make(model_dir, max_new_tokens=10).train()
+    torch.manual_seed(2)
+    completions = flat(policy.sample(PROMPTS, 3))
+    observations = [o for o in PROMPTS for _ in range(3)]
+
+    def values_and_grad(shared):
+        policy.score_prompts_once = shared
+        policy.model.zero_grad()
+        values, mask = policy.token_log_probs(observations, completions)
+        (values * torch.linspace(-1, 1, values.numel()).view_as(values)).sum().backward()
+        return values.detach(), mask, {n: p.grad.clone() for n, p in policy.named_parameters()}
+
+    shared, shared_mask, shared_grads = values_and_grad(True)
+    plain, plain_mask, plain_grads = values_and_grad(False)
+    torch.testing.assert_close(shared, plain, atol=1e-5, rtol=0)
+    assert torch.equal(shared_mask, plain_mask)
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
 def test_model_generation_config_cannot_change_the_sampler(model_dir):
@@ -276,6 +381,7 @@ def test_save_and_load_round_trip(model_dir, tmp_path):
         {"top_p": 0},
         {"top_k": -1},
         {"max_new_tokens": 0},
+        {"min_new_tokens": -1},
         {"score_temperature": "greedy"},
         {"score_temperature": -1.0},
         {"max_batch_tokens": 0},

@@ -2,13 +2,15 @@
 
 Sampling and scoring are the two halves the learners need (SPEC.md §4):
 
-* :meth:`CausalLMPolicy.sample` answers every observation ``n`` times in ONE batched
-  ``model.generate`` call (left-padded prompts, ``num_return_sequences=n``); it is chunked only
-  when ``max_batch_size`` asks for it. Each :class:`Completion` carries the generated token ids up
-  to and including the first end-of-sequence token, nothing after it.
+* :meth:`CausalLMPolicy.sample` answers every observation ``n`` times in ONE batched decode: each
+  distinct prompt runs through the model once, its KV cache is repeated ``n`` times, then one
+  forward pass per new token serves all rows (chunked only when ``max_batch_size`` asks for it).
+  Each :class:`Completion` carries the generated token ids up to and including the first
+  end-of-sequence token, nothing after it.
 * :meth:`CausalLMPolicy.token_log_probs` recomputes, with the current weights, the
   log-probability of every generated token (the eos included, padding excluded) in as few padded
-  forward passes as ``max_batch_tokens`` allows; :meth:`log_probs` sums (or averages) them.
+  forward passes as ``max_batch_tokens`` allows; answers that share a prompt share one pass over
+  it (``score_prompts_once``). :meth:`log_probs` sums (or averages) them.
 
 Design decisions
 ----------------
@@ -28,9 +30,19 @@ against an untempered model). top-k / top-p truncation is never modelled: scores
 tempered but untruncated distribution (the usual practice; the truncated one has zero probability
 outside the nucleus and is not differentiable in a useful way).
 
-Sampling distribution. The generation config is built from this policy's settings alone:
-``temperature``, ``top_k`` (None → 0, disabled), ``top_p`` (None → 1.0), with repetition
-penalties, n-gram bans, typical-p, epsilon/eta cut-offs and min-length explicitly neutral, so a
+Decode loop. Sampling is this module's own KV-cached loop, not ``model.generate``: a prompt shared
+by ``n`` answers is run once (``generate``'s ``num_return_sequences`` runs it ``n`` times), the
+cache gets room for ``max_new_tokens`` positions up front instead of being copied at every token,
+and each row's token is drawn by inverse CDF from ``softmax(logits / temperature)`` after top-k
+then top-p truncation (top-p keeps the most likely tokens up to and including the one that makes
+their mass reach ``top_p``). ``min_new_tokens`` forbids eos before that many tokens. Nothing else
+touches the logits: a hub model's own ``generation_config.json`` (e.g. ``repetition_penalty``)
+cannot change what is sampled. ``use_hf_generate=True`` (or any ``generation_kwargs``) samples
+through ``model.generate`` instead, e.g. for models whose cache cannot be repeated by row.
+
+Under ``use_hf_generate`` the generation config is built from this policy's settings alone:
+``temperature``, ``top_k`` (None → 0, disabled), ``top_p`` (None → 1.0), ``min_new_tokens``, with
+repetition penalties, n-gram bans, typical-p and epsilon/eta cut-offs explicitly neutral, so a
 hub model's own ``generation_config.json`` (e.g. ``repetition_penalty=1.05``) cannot silently
 change what is sampled. Only its eos ids are taken over. ``generation_kwargs`` is an escape hatch
 that is passed to ``generate`` as is (then scores may no longer match the sampler).
@@ -39,7 +51,7 @@ Padding. A tokenizer without a pad token gets its eos token as pad (with a warni
 equal eos, an answer's end is never found by the pad id: ``token_ids`` stop at the first eos, and
 scoring masks by length.
 
-Dropout. Sampling runs in eval mode under ``torch.no_grad()`` (the model's mode is restored
+Dropout. Sampling runs in eval mode under ``torch.inference_mode()`` (the model's mode is restored
 afterwards); scoring runs in whatever mode the model is in (``policy.train()`` / ``.eval()``).
 With dropout active, train-mode scores are noisy versions of the sampler's: disable dropout for RL
 (``llm_marl.policies.tiny`` models have none; for others pass e.g. ``resid_pdrop=0.0,
@@ -48,7 +60,7 @@ given when the model has dropout.
 
 Context length. Prompts longer than the model's context minus one token are cut from the left
 (the end of a prompt matters most), and ``max_new_tokens`` is lowered for a generate call whose
-padded prompt width leaves less room than that. Both are applied identically when scoring.
+padded prompt width leaves less room than that (the decode loop and ``generate`` alike). Both are applied identically when scoring.
 
 Sampling uses torch's global RNG (the trainer seeds it), so seeded runs repeat.
 """
@@ -57,6 +69,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 import warnings
 from pathlib import Path
@@ -71,6 +84,7 @@ __all__ = ["CausalLMPolicy"]
 SETTINGS_FILE = "llm_marl_policy.json"
 _SETTING_NAMES = (
     "max_new_tokens",
+    "min_new_tokens",
     "temperature",
     "top_p",
     "top_k",
@@ -78,6 +92,8 @@ _SETTING_NAMES = (
     "max_batch_size",
     "max_batch_tokens",
     "add_special_tokens",
+    "use_hf_generate",
+    "score_prompts_once",
 )
 
 
@@ -111,6 +127,43 @@ def _dropout_rates(model: torch.nn.Module) -> dict[str, float]:
     return rates
 
 
+def _reserve(cache: Any, extra: int) -> None:
+    """Give each layer of a ``DynamicCache`` room for ``extra`` more positions, written in place.
+
+    A plain ``DynamicCache`` concatenates every new key/value onto the whole cache, copying it once
+    per generated token; with room reserved, a step writes one position and the layer's tensors are
+    views of the filled part. Other cache types (sliding windows, quantised, static) are left as
+    they are.
+    """
+    try:
+        from transformers.cache_utils import DynamicLayer
+    except ImportError:  # pragma: no cover - transformers without layered caches
+        return
+    for layer in getattr(cache, "layers", ()):
+        if type(layer) is not DynamicLayer or not getattr(layer, "is_initialized", False):
+            continue
+        keys, values = layer.keys, layer.values
+        if keys.dim() != 4:
+            continue
+        filled = keys.shape[-2]
+        key_room = keys.new_empty(*keys.shape[:2], filled + extra, keys.shape[-1])
+        value_room = values.new_empty(*values.shape[:2], filled + extra, values.shape[-1])
+        key_room[:, :, :filled] = keys
+        value_room[:, :, :filled] = values
+        layer.keys, layer.values = key_room[:, :, :filled], value_room[:, :, :filled]
+
+        def update(key_states, value_states, *args, _layer=layer, _keys=key_room, _values=value_room, **kwargs):
+            start, stop = _layer.keys.shape[-2], _layer.keys.shape[-2] + key_states.shape[-2]
+            if stop > _keys.shape[-2]:  # past the reservation: concatenate as DynamicLayer does
+                return DynamicLayer.update(_layer, key_states, value_states, *args, **kwargs)
+            _keys[:, :, start:stop] = key_states
+            _values[:, :, start:stop] = value_states
+            _layer.keys, _layer.values = _keys[:, :, :stop], _values[:, :, :stop]
+            return _layer.keys, _layer.values
+
+        layer.update = update
+
+
 class CausalLMPolicy:
     """A :class:`~llm_marl.policies.base.Policy` over a Hugging Face causal LM and its tokenizer.
 
@@ -119,6 +172,8 @@ class CausalLMPolicy:
         tokenizer: its tokenizer; gets its eos token as pad token if it has none (warned).
         max_new_tokens: cap on generated tokens per answer (an answer without eos has exactly
             this many tokens, unless the model's context is shorter).
+        min_new_tokens: eos is not sampled before this many tokens (0: no floor). Scores ignore
+            this floor (they are those of the untruncated distribution, like top-k/top-p).
         temperature: sampling temperature, > 0.
         top_p: nucleus sampling threshold in (0, 1]; None disables (1.0).
         top_k: top-k sampling, >= 0; None or 0 disables.
@@ -130,8 +185,14 @@ class CausalLMPolicy:
             scoring forward pass (a single row is always allowed); None: no limit.
         add_special_tokens: passed to the tokenizer for prompts (adds BOS for models that want
             one; GPT-2 tokenizers add nothing).
-        generation_kwargs: extra keyword arguments for ``model.generate`` (beware: anything that
-            changes the sampling distribution makes scores differ from the sampler).
+        use_hf_generate: sample with ``model.generate`` instead of this module's decode loop
+            (same distribution, a different random stream; slower).
+        score_prompts_once: when several answers of a scoring batch share a prompt, run that
+            prompt once and the answers on its KV cache (same values and gradients, less
+            compute); False: one pass over every ``prompt + answer`` row.
+        generation_kwargs: extra keyword arguments for ``model.generate``; non-empty implies
+            ``use_hf_generate`` (beware: anything that changes the sampling distribution makes
+            scores differ from the sampler).
         device: where the model runs; default: where its parameters are. The model is moved.
     """
 
@@ -141,6 +202,7 @@ class CausalLMPolicy:
         tokenizer: Any,
         *,
         max_new_tokens: int = 256,
+        min_new_tokens: int = 0,
         temperature: float = 0.6,
         top_p: float | None = 0.6,
         top_k: int | None = 50,
@@ -148,11 +210,17 @@ class CausalLMPolicy:
         max_batch_size: int | None = None,
         max_batch_tokens: int | None = None,
         add_special_tokens: bool = True,
+        use_hf_generate: bool = False,
+        score_prompts_once: bool = True,
         generation_kwargs: Mapping[str, Any] | None = None,
         device: str | torch.device | None = None,
     ) -> None:
         if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be an int >= 1, got {max_new_tokens!r}")
+        if not isinstance(min_new_tokens, int) or not 0 <= min_new_tokens <= max_new_tokens:
+            raise ValueError(
+                f"min_new_tokens must be an int in [0, max_new_tokens={max_new_tokens}], got {min_new_tokens!r}"
+            )
         if not (isinstance(temperature, (int, float)) and temperature > 0):
             raise ValueError(f"temperature must be > 0, got {temperature!r}")
         if top_p is not None and not 0 < top_p <= 1:
@@ -175,6 +243,7 @@ class CausalLMPolicy:
         self.model = model
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
+        self.min_new_tokens = min_new_tokens
         self.temperature = float(temperature)
         self.top_p = top_p
         self.top_k = top_k
@@ -182,6 +251,8 @@ class CausalLMPolicy:
         self.max_batch_size = max_batch_size
         self.max_batch_tokens = max_batch_tokens
         self.add_special_tokens = add_special_tokens
+        self.use_hf_generate = bool(use_hf_generate)
+        self.score_prompts_once = bool(score_prompts_once)
         self.generation_kwargs = dict(generation_kwargs or {})
         self.name = _model_name(model)
 
@@ -212,6 +283,8 @@ class CausalLMPolicy:
         forward = inspect.signature(model.forward).parameters
         self._takes_position_ids = "position_ids" in forward
         self._takes_logits_to_keep = "logits_to_keep" in forward
+        # transformers renamed past_key_values to cache (5.x); outputs carry the same name.
+        self._cache_keyword = "cache" if "cache" in forward else "past_key_values"
 
         dropout = _dropout_rates(model)
         if dropout:
@@ -358,6 +431,7 @@ class CausalLMPolicy:
             top_k=0 if self.top_k is None else self.top_k,
             top_p=1.0 if self.top_p is None else float(self.top_p),
             max_new_tokens=max_new_tokens,
+            min_new_tokens=self.min_new_tokens or None,
             num_return_sequences=num_return_sequences,
             eos_token_id=list(self.eos_token_ids),
             pad_token_id=self.pad_token_id,
@@ -389,7 +463,8 @@ class CausalLMPolicy:
         return max(1, min(self.max_new_tokens, self.context_length - prompt_width))
 
     def sample(self, observations: Sequence[str], num_samples: int) -> list[list[Completion]]:
-        """``num_samples`` answers per observation, from one batched ``generate`` call."""
+        """``num_samples`` answers per observation, from one batched decode (chunked only by
+        ``max_batch_size``)."""
         if not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
         prompts = self.encode_prompts(list(observations))
@@ -398,18 +473,105 @@ class CausalLMPolicy:
         per_call = len(prompts)
         if self.max_batch_size is not None:
             per_call = max(1, self.max_batch_size // num_samples)
+        generate = self._generate if self.use_hf_generate or self.generation_kwargs else self._decode
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.no_grad():
+            with torch.inference_mode():
                 answers: list[list[Completion]] = []
                 for start in range(0, len(prompts), per_call):
-                    answers += self._generate(prompts[start : start + per_call], num_samples)
+                    answers += generate(prompts[start : start + per_call], num_samples)
         finally:
             self.model.train(was_training)
         return answers
 
+    def _decode(self, prompts: list[list[int]], num_samples: int) -> list[list[Completion]]:
+        """The KV-cached sampling loop: each distinct prompt is run through the model once and its
+        cache repeated ``num_samples`` times; then one forward per new token for all rows."""
+        input_ids, attention_mask = self._left_pad(prompts)
+        width = input_ids.shape[1]
+        max_new_tokens = self._max_new_tokens(width)
+        logits, cache = self._prefill(input_ids, attention_mask, num_samples)
+        rows = len(prompts) * num_samples
+        attention_mask = attention_mask.repeat_interleave(num_samples, dim=0)
+        position = attention_mask.sum(-1, keepdim=True)  # the next token's position id
+        eos = torch.tensor(self.eos_token_ids, device=input_ids.device)
+        finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
+        drawn = []
+        for step in range(max_new_tokens):
+            token = self._draw(logits, ban_eos=step < self.min_new_tokens)
+            token = token.masked_fill(finished, self.pad_token_id)
+            drawn.append(token)
+            finished |= torch.isin(token, eos)
+            if step + 1 == max_new_tokens or bool(finished.all()):
+                break
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((rows, 1))], dim=1)
+            inputs: dict[str, Any] = {
+                "input_ids": token.unsqueeze(-1),
+                "attention_mask": attention_mask,
+                self._cache_keyword: cache,
+                "use_cache": True,
+            }
+            if self._takes_position_ids:
+                inputs["position_ids"] = position
+            out = self.model(**inputs)
+            cache, logits = out[self._cache_keyword], out.logits[:, -1]
+            position = position + 1
+        generated = torch.stack(drawn, dim=1).tolist()
+        completions = [self._completion(row) for row in generated]
+        return [completions[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
+
+    def _prefill(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_samples: int
+    ) -> tuple[torch.Tensor, Any]:
+        """Next-token logits and KV cache of every prompt, each repeated ``num_samples`` times."""
+        inputs: dict[str, Any] = {"attention_mask": attention_mask, "use_cache": True}
+        if self._takes_position_ids:
+            inputs["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        if self._takes_logits_to_keep:
+            inputs["logits_to_keep"] = 1
+        out = self.model(input_ids=input_ids, **inputs)
+        cache = out[self._cache_keyword]
+        if num_samples > 1 and not hasattr(cache, "batch_repeat_interleave"):
+            # A cache type that cannot be repeated: run each prompt num_samples times instead.
+            if "position_ids" in inputs:
+                inputs["position_ids"] = inputs["position_ids"].repeat_interleave(num_samples, dim=0)
+            inputs["attention_mask"] = attention_mask.repeat_interleave(num_samples, dim=0)
+            out = self.model(input_ids=input_ids.repeat_interleave(num_samples, dim=0), **inputs)
+            return out.logits[:, -1], out[self._cache_keyword]
+        if num_samples > 1:
+            cache.batch_repeat_interleave(num_samples)
+        _reserve(cache, self.max_new_tokens)
+        return out.logits[:, -1].repeat_interleave(num_samples, dim=0), cache
+
+    def _draw(self, logits: torch.Tensor, ban_eos: bool = False) -> torch.Tensor:
+        """One token per row from ``softmax(logits / temperature)``, truncated to the ``top_k``
+        most likely tokens and then to the smallest set whose mass reaches ``top_p``.
+
+        Inverse-CDF sampling with one uniform per row (``torch.rand``, the global RNG).
+        """
+        logits = logits.float() / self.temperature
+        if ban_eos:
+            logits[:, list(self.eos_token_ids)] = -math.inf
+        vocab = logits.shape[-1]
+        if self.top_k and self.top_k < vocab:
+            kth = logits.topk(self.top_k, dim=-1).values[:, -1:]
+            logits = logits.masked_fill(logits < kth, -math.inf)
+        probs = torch.softmax(logits, dim=-1)
+        order = None
+        if self.top_p is not None and self.top_p < 1.0:
+            probs, order = probs.sort(dim=-1, descending=True)
+            mass_before = probs.cumsum(dim=-1) - probs
+            probs = probs.masked_fill(mass_before >= self.top_p, 0.0)
+        cdf = probs.cumsum(dim=-1)
+        threshold = torch.rand((cdf.shape[0], 1), device=cdf.device) * cdf[:, -1:]
+        token = torch.searchsorted(cdf, threshold, right=True).clamp_(max=vocab - 1)
+        if order is not None:
+            token = order.gather(-1, token)
+        return token.squeeze(-1)
+
     def _generate(self, prompts: list[list[int]], num_samples: int) -> list[list[Completion]]:
+        """Sampling through ``model.generate`` (``use_hf_generate=True`` or ``generation_kwargs``)."""
         input_ids, attention_mask = self._left_pad(prompts)
         width = input_ids.shape[1]
         config = self.generation_config(self._max_new_tokens(width), num_samples)
@@ -483,6 +645,30 @@ class CausalLMPolicy:
         if width_a == 0:
             shape = (len(answers), 0)
             return torch.zeros(shape, device=device), torch.zeros(shape, dtype=torch.bool, device=device)
+        distinct: dict[tuple[int, ...], int] = {}
+        owner = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        if self.score_prompts_once and len(distinct) < len(prompts):
+            logits = self._answer_logits_shared([list(p) for p in distinct], owner, answers, width_a)
+        else:
+            logits = self._answer_logits(prompts, answers, width_a)
+        if logits is None:  # the model's cache cannot be shared between rows
+            logits = self._answer_logits(prompts, answers, width_a)
+        targets = torch.full((len(answers), width_a), self.pad_token_id, dtype=torch.long)
+        for row, answer in enumerate(answers):
+            targets[row, : len(answer)] = torch.tensor(answer, dtype=torch.long)
+        targets = targets.to(device)
+        logits = logits.float() / self.effective_score_temperature
+        chosen = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        values = chosen - torch.logsumexp(logits, dim=-1)
+        mask = torch.arange(width_a, device=device).unsqueeze(0) < lengths.unsqueeze(1)
+        values = torch.where(mask, values, torch.zeros_like(values))
+        return values, mask
+
+    def _answer_logits(
+        self, prompts: list[list[int]], answers: list[list[int]], width_a: int
+    ) -> torch.Tensor:
+        """``[rows, width_a, vocab]`` logits predicting each answer token, one forward pass over
+        ``[left padding | prompt | answer | right padding]``."""
         width_p = max(len(p) for p in prompts)
         batch = len(prompts)
         input_ids = torch.full((batch, width_p + width_a), self.pad_token_id, dtype=torch.long)
@@ -492,7 +678,7 @@ class CausalLMPolicy:
             attention_mask[row, width_p - len(prompt) : width_p + len(answer)] = 1
             if answer:
                 input_ids[row, width_p : width_p + len(answer)] = torch.tensor(answer, dtype=torch.long)
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
         inputs: dict[str, Any] = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
@@ -505,13 +691,50 @@ class CausalLMPolicy:
             inputs["logits_to_keep"] = width_a + 1
         logits = self.model(**inputs).logits
         # Column width_p - 1 + t predicts answer token t: the last width_a + 1 columns minus one.
-        logits = logits[:, -(width_a + 1) : -1].float() / self.effective_score_temperature
-        targets = input_ids[:, width_p:]
-        chosen = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        values = chosen - torch.logsumexp(logits, dim=-1)
-        mask = torch.arange(width_a, device=device).unsqueeze(0) < lengths.unsqueeze(1)
-        values = torch.where(mask, values, torch.zeros_like(values))
-        return values, mask
+        return logits[:, -(width_a + 1) : -1]
+
+    def _answer_logits_shared(
+        self, distinct: list[list[int]], owner: list[int], answers: list[list[int]], width_a: int
+    ) -> torch.Tensor | None:
+        """As :meth:`_answer_logits`, but each distinct prompt runs through the model once: its KV
+        cache (with gradients) is selected for every row ``r`` whose prompt is
+        ``distinct[owner[r]]``, and a second pass runs the answers on it. None when the model's
+        cache cannot be indexed by row."""
+        prompt_ids, prompt_mask = self._left_pad(distinct)
+        inputs: dict[str, Any] = {"attention_mask": prompt_mask, "use_cache": True}
+        if self._takes_position_ids:
+            inputs["position_ids"] = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
+        if self._takes_logits_to_keep:
+            inputs["logits_to_keep"] = 1
+        out = self.model(input_ids=prompt_ids, **inputs)
+        cache = out[self._cache_keyword]
+        if not hasattr(cache, "batch_select_indices"):
+            return None
+        index = torch.tensor(owner, device=prompt_ids.device)
+        first = out.logits[:, -1][index].unsqueeze(1)  # predicts answer token 0
+        if width_a == 1:
+            return first
+        cache.batch_select_indices(index)
+        rows = len(answers)
+        # Answer tokens 0 .. width_a - 2 predict tokens 1 .. width_a - 1.
+        answer_ids = torch.full((rows, width_a - 1), self.pad_token_id, dtype=torch.long)
+        answer_mask = torch.zeros_like(answer_ids)
+        for row, answer in enumerate(answers):
+            if len(answer) > 1:
+                answer_ids[row, : len(answer) - 1] = torch.tensor(answer[:-1], dtype=torch.long)
+                answer_mask[row, : len(answer) - 1] = 1
+        answer_ids, answer_mask = answer_ids.to(prompt_ids.device), answer_mask.to(prompt_ids.device)
+        inputs = {
+            "input_ids": answer_ids,
+            "attention_mask": torch.cat([prompt_mask[index], answer_mask], dim=1),
+            self._cache_keyword: cache,
+            "use_cache": True,
+        }
+        if self._takes_position_ids:
+            start = prompt_mask.sum(-1)[index].unsqueeze(1)
+            inputs["position_ids"] = start + torch.arange(width_a - 1, device=start.device)
+        rest = self.model(**inputs).logits
+        return torch.cat([first, rest], dim=1)
 
     def log_probs(
         self,
