@@ -172,7 +172,7 @@ def changed(before, trainer):
 @pytest.mark.parametrize("trainer_class, config_class, mode", TRAINERS, ids=[t[0].__name__ for t in TRAINERS])
 def test_agent_model_path_single_turn(trainer_class, config_class, mode, model_a, tmp_path):
     rec = Recorder()
-    args = config(config_class, items_per_step=len(TRAIN))
+    args = config(config_class, items_per_step=len(TRAIN), generation_batch_size=4)
     with pytest.warns(UserWarning, match="wandb_config"):
         trainer = trainer_class(
             agent_model=model_a,
@@ -192,6 +192,7 @@ def test_agent_model_path_single_turn(trainer_class, config_class, mode, model_a
     models = [trainer.policies[a].model for a in trainer.agents]
     assert models[0] is not models[1]  # homogeneous agents never share weights
     assert trainer.policies["agent_0"].max_new_tokens == 6 and trainer.policies["agent_0"].top_k is None
+    assert trainer.policies["agent_0"].max_batch_size == args.generation_batch_size == 4
     before = weights(trainer)
 
     trainer.train()

@@ -182,6 +182,7 @@ def test_one_adamw_per_agent_with_agent_learning_rate():
     for agent, optimizer in trainer.optimizers.items():
         assert isinstance(optimizer, torch.optim.AdamW)
         assert [g["lr"] for g in optimizer.param_groups] == [0.0123]
+        assert optimizer.defaults["fused"]  # torch's fused AdamW kernel on CPU
         params = [p for g in optimizer.param_groups for p in g["params"]]
         assert len(params) == 1 and params[0] is policies[agent].logits
 
@@ -298,6 +299,7 @@ INVALID = [
     (dict(eval_interval=-1), "eval_interval"),
     (dict(eval_num_samples=-1), "eval_num_samples"),
     (dict(eval_batch_size=0), "eval_batch_size"),
+    (dict(generation_batch_size=0), "generation_batch_size"),
 ]
 
 

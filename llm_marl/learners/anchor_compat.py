@@ -92,6 +92,7 @@ def build_from_anchor_kwargs(
             temperature=args.temperature,
             top_p=args.top_p,
             top_k=args.top_k,
+            max_batch_size=args.generation_batch_size,
             device=devices[i],
         )
         for i, (model, tok) in enumerate(zip(models, tokenizers))

@@ -99,6 +99,9 @@ class MAGRPOConfig:
     """Stop once this many optimizer steps are taken (checked after each batch); None: run all epochs."""
     items_per_step: int = 1
     """Dataset items rolled out together in one batched tree collection."""
+    generation_batch_size: int | None = None
+    """Drop-in constructor: at most this many sequences (prompts x answers) per sampling call and
+    rows per scoring pass of each agent's model (CausalLMPolicy.max_batch_size); None: no cap."""
     reward_error_policy: str = "raise"
     """A task error while rolling out an item: "raise" stops training; "skip" drops the item, counts and logs it."""
     progress_bar: bool = True
@@ -132,6 +135,8 @@ class MAGRPOConfig:
         _at_least(self, "eval_batch_size", 1)
         _at_least(self, "save_steps", 0)
         _at_least(self, "items_per_step", 1)
+        if self.generation_batch_size is not None:
+            _at_least(self, "generation_batch_size", 1)
         if self.max_steps is not None:
             _at_least(self, "max_steps", 1)
         if self.save_total_limit is not None:

@@ -45,6 +45,18 @@ from llm_marl.learners.tree import RolloutNode, collect_trees, derive_seed, grow
 from llm_marl.policies.base import Completion, Policy, token_log_probs_of
 
 
+def default_optimizer(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW with torch's fused kernel where every parameter allows it (floating point, on CPU or
+    CUDA), the usual per-tensor loop elsewhere. Both compute the same update."""
+    fusable = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    if fusable:
+        try:
+            return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
+        except (RuntimeError, TypeError):  # a torch build without the fused kernel for this device
+            pass
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python's, NumPy's and torch's global RNGs."""
     random.seed(seed)
@@ -121,7 +133,7 @@ class MAGRPOTrainer:
         self.trainable = {a: [p for p in self.policies[a].parameters() if p.requires_grad] for a in self.agents}
         if optimizers is None:
             self.optimizers = {
-                a: torch.optim.AdamW(params, lr=self.args.agent_learning_rate, weight_decay=self.args.weight_decay)
+                a: default_optimizer(params, lr=self.args.agent_learning_rate, weight_decay=self.args.weight_decay)
                 for a, params in self.trainable.items()
                 if params
             }
