@@ -271,7 +271,7 @@ def _train_ours(spec: dict, clock: _Clock):
     )
     for policy in trainer.policies.values():
         if spec["force_length"]:
-            policy.generation_kwargs = {"min_new_tokens": spec["new_tokens"]}
+            policy.min_new_tokens = spec["new_tokens"]
         policy.model.generate(**_warmup_inputs(policy.tokenizer), max_new_tokens=2, do_sample=True)
         policy.sample = clock.wrap(
             "generate", policy.sample, lambda out: sum(len(c.token_ids or ()) for row in out for c in row)
