@@ -289,6 +289,27 @@ def test_shared_prompt_scoring_equals_one_pass_scoring_with_gradients(model_dir)
         torch.testing.assert_close(shared_grads[name], grad, atol=1e-5, rtol=1e-4, msg=name)
 
 
+def test_fused_activations_compute_the_same_model(model_dir):
+    from transformers.activations import NewGELUActivation
+
+    from llm_marl.policies.causal_lm import TanhGELU
+
+    plain = make(model_dir, fused_activations=False)
+    fused = make(model_dir)
+    kinds = lambda policy: [type(m) for m in policy.model.modules() if "GELU" in type(m).__name__]  # noqa: E731
+    assert kinds(plain) == [NewGELUActivation] * 2 and kinds(fused) == [TanhGELU] * 2  # one per layer
+    ids = torch.tensor([policy_ids for policy_ids in plain.encode_prompts(PROMPTS[2:])])
+    x = torch.linspace(-6, 6, 1001, requires_grad=True)
+    y = x.detach().clone().requires_grad_(True)
+    NewGELUActivation()(x).sum().backward()
+    TanhGELU()(y).sum().backward()
+    torch.testing.assert_close(TanhGELU()(y), NewGELUActivation()(x), atol=1e-6, rtol=0)
+    torch.testing.assert_close(y.grad, x.grad, atol=1e-5, rtol=0)
+    with torch.no_grad():
+        torch.testing.assert_close(fused.model(ids).logits, plain.model(ids).logits, atol=1e-4, rtol=0)
+    assert plain.model.state_dict().keys() == fused.model.state_dict().keys()
+
+
 def test_model_generation_config_cannot_change_the_sampler(model_dir):
     policy = make(model_dir, max_new_tokens=10)
     torch.manual_seed(5)

@@ -587,3 +587,29 @@ def test_config_round_trips_through_to_dict():
     config = MAReMaxConfig(num_turns=3, joint_mode="crossed", cross_aggregation="max")
     again = MAReMaxConfig(**config.to_dict())
     assert dataclasses.asdict(again) == dataclasses.asdict(config)
+
+
+@pytest.mark.parametrize("max_grad_norm", [None, 1e-3])
+def test_grad_norm_is_logged_before_clipping_and_clipping_applies(max_grad_norm):
+    policies = [TabularPolicy(["alpha", "beta", "gamma"]) for _ in range(2)]
+    args = MAGRPOConfig(num_turns=1, num_train_epochs=1, max_grad_norm=max_grad_norm, logging_steps=1, **FAST)
+    trainer = MAGRPOTrainer(env=make("ClimbingGame-v0"), policies=policies, args=args)
+    seen, logged = [], []
+    optimizer = trainer.optimizers["row"]
+    original_step = optimizer.step
+
+    def recording_step(*a, **kw):
+        seen.append(torch.linalg.vector_norm(policies[0].logits.grad).item())
+        return original_step(*a, **kw)
+
+    optimizer.step = recording_step
+    note = trainer._note
+    trainer._note = lambda name, value: (logged.append(value) if name == "train/row/grad_norm" else None, note(name, value))
+    trainer.train()
+    assert seen and len(seen) == len(logged)
+    assert any(v > 1e-2 for v in logged)  # the climbing game's gradients are far larger than 1e-3
+    for before, at_step in zip(logged, seen):
+        if max_grad_norm is None:
+            assert at_step == pytest.approx(before, rel=1e-6)
+        else:
+            assert at_step == pytest.approx(min(before, 1e-3), rel=1e-3)

@@ -57,6 +57,17 @@ def default_optimizer(params: list[torch.nn.Parameter], lr: float, weight_decay:
     return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
 
 
+def _grad_norm(params: list[torch.nn.Parameter], max_norm: float | None) -> torch.Tensor:
+    """The total 2-norm of the gradients, after clipping them to ``max_norm`` when it is given."""
+    if max_norm is not None:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    norms = torch._foreach_norm(grads) if hasattr(torch, "_foreach_norm") else [g.norm() for g in grads]
+    return torch.linalg.vector_norm(torch.stack([n.to(grads[0].device) for n in norms]))
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python's, NumPy's and torch's global RNGs."""
     random.seed(seed)
@@ -326,8 +337,7 @@ class MAGRPOTrainer:
             optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError(f"{where}: loss is {loss}{self._last_good()}")
         self.dist.sum_gradients(params)
-        max_norm = self.args.max_grad_norm if self.args.max_grad_norm is not None else float("inf")
-        grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+        grad_norm = _grad_norm(params, self.args.max_grad_norm)
         if not torch.isfinite(grad_norm):
             optimizer.zero_grad(set_to_none=True)
             raise FloatingPointError(f"{where}: gradient norm is {grad_norm.item()}{self._last_good()}")

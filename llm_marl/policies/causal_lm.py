@@ -79,7 +79,7 @@ import torch
 
 from llm_marl.policies.base import Completion
 
-__all__ = ["CausalLMPolicy"]
+__all__ = ["CausalLMPolicy", "TanhGELU", "fuse_activations"]
 
 SETTINGS_FILE = "llm_marl_policy.json"
 _SETTING_NAMES = (
@@ -94,6 +94,7 @@ _SETTING_NAMES = (
     "add_special_tokens",
     "use_hf_generate",
     "score_prompts_once",
+    "fused_activations",
 )
 
 
@@ -111,6 +112,31 @@ def _context_length(model: Any) -> int | None:
         if isinstance(value, int) and value > 1:
             return value
     return None
+
+
+class TanhGELU(torch.nn.Module):
+    """``0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`` in one kernel (``F.gelu(approximate="tanh")``)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+def fuse_activations(model: torch.nn.Module) -> int:
+    """Replace transformers' Python-level tanh-GELU modules (``NewGELUActivation``, GPT-2's
+    ``gelu_new``, and ``FastGELUActivation``) by :class:`TanhGELU`: the same function computed
+    by one fused kernel instead of six element-wise ops, forward and backward. Returns how many
+    modules were replaced. No parameters change; the saved config is untouched."""
+    try:
+        from transformers.activations import FastGELUActivation, NewGELUActivation
+    except ImportError:  # pragma: no cover - transformers without these classes
+        return 0
+    replaced = 0
+    for module in list(model.modules()):
+        for name, child in list(module.named_children()):
+            if type(child) in (NewGELUActivation, FastGELUActivation):
+                setattr(module, name, TanhGELU())
+                replaced += 1
+    return replaced
 
 
 def _dropout_rates(model: torch.nn.Module) -> dict[str, float]:
@@ -190,6 +216,8 @@ class CausalLMPolicy:
         score_prompts_once: when several answers of a scoring batch share a prompt, run that
             prompt once and the answers on its KV cache (same values and gradients, less
             compute); False: one pass over every ``prompt + answer`` row.
+        fused_activations: replace the model's Python tanh-GELU modules by the fused kernel of
+            the same function (:func:`fuse_activations`; outputs agree to float rounding).
         generation_kwargs: extra keyword arguments for ``model.generate``; non-empty implies
             ``use_hf_generate`` (beware: anything that changes the sampling distribution makes
             scores differ from the sampler).
@@ -212,6 +240,7 @@ class CausalLMPolicy:
         add_special_tokens: bool = True,
         use_hf_generate: bool = False,
         score_prompts_once: bool = True,
+        fused_activations: bool = True,
         generation_kwargs: Mapping[str, Any] | None = None,
         device: str | torch.device | None = None,
     ) -> None:
@@ -285,6 +314,9 @@ class CausalLMPolicy:
         self._takes_logits_to_keep = "logits_to_keep" in forward
         # transformers renamed past_key_values to cache (5.x); outputs carry the same name.
         self._cache_keyword = "cache" if "cache" in forward else "past_key_values"
+        if fused_activations:
+            fuse_activations(model)
+        self.fused_activations = bool(fused_activations)
 
         dropout = _dropout_rates(model)
         if dropout:
