@@ -411,3 +411,43 @@ def test_save_and_load_round_trip(model_dir, tmp_path):
 def test_invalid_settings(model_dir, bad):
     with pytest.raises(ValueError, match=next(iter(bad))):
         make(model_dir, **bad)
+
+
+def test_decode_cache_has_room_reserved_and_overflows_safely(model_dir):
+    from llm_marl.policies.causal_lm import _reserve
+
+    policy = make(model_dir, max_new_tokens=5)
+    input_ids, attention_mask = policy._left_pad(policy.encode_prompts(PROMPTS))
+    with torch.inference_mode():
+        _, cache = policy._prefill(input_ids, attention_mask, 2)
+    width = input_ids.shape[1]
+    for layer in cache.layers:
+        assert layer.keys.shape[0] == 6 and layer.keys.shape[-2] == width
+        # one buffer with room for 5 more positions; the layer's tensors are views of its filled part
+        assert layer.keys.untyped_storage().nbytes() == layer.keys[..., :1, :].numel() * (width + 5) * 4
+    layer = cache.layers[0]
+    extra = torch.ones(6, layer.keys.shape[1], 7, layer.keys.shape[-1])
+    with torch.inference_mode():
+        keys, _ = layer.update(extra[:, :, :3], extra[:, :, :3])  # within the room: written in place
+        assert keys.shape[-2] == width + 3 and torch.equal(keys[:, :, width:], extra[:, :, :3])
+        keys, _ = layer.update(extra[:, :, 3:], extra[:, :, 3:])  # 4 more than the 2 left: concatenated
+        assert keys.shape[-2] == width + 7 and torch.equal(keys[:, :, width:], extra)
+    _reserve(object(), 3)  # anything without DynamicLayer layers is left alone
+
+
+def test_prompt_encodings_are_memoised_until_the_tokenizer_changes(model_dir, monkeypatch):
+    policy = make(model_dir)
+    calls = []
+    original = type(policy.tokenizer).__call__
+
+    def counting(tokenizer, texts, **kwargs):
+        calls.append(list(texts))
+        return original(tokenizer, texts, **kwargs)
+
+    monkeypatch.setattr(type(policy.tokenizer), "__call__", counting)
+    first = policy.encode_prompts(PROMPTS + [PROMPTS[0]])
+    assert first[0] == first[3] and calls == [PROMPTS]  # each distinct text encoded once
+    assert policy.encode_prompts(PROMPTS[::-1]) == first[:3][::-1] and len(calls) == 1
+    policy.tokenizer.add_special_tokens({"additional_special_tokens": ["<|turn|>"]})
+    policy.encode_prompts(PROMPTS[:1])
+    assert calls[-1] == PROMPTS[:1]  # a changed vocabulary drops the memo

@@ -82,6 +82,7 @@ from llm_marl.policies.base import Completion
 __all__ = ["CausalLMPolicy", "TanhGELU", "fuse_activations"]
 
 SETTINGS_FILE = "llm_marl_policy.json"
+PROMPT_MEMO_SIZE = 65536
 _SETTING_NAMES = (
     "max_new_tokens",
     "min_new_tokens",
@@ -308,6 +309,8 @@ class CausalLMPolicy:
         start = getattr(tokenizer, "bos_token_id", None)
         self._empty_prompt_id = int(start) if start is not None else eos_ids[0]
         self.context_length = _context_length(model)
+        self._prompt_memo: dict[str, tuple[int, ...]] = {}
+        self._prompt_memo_key: tuple[Any, ...] | None = None
 
         forward = inspect.signature(model.forward).parameters
         self._takes_position_ids = "position_ids" in forward
@@ -422,18 +425,26 @@ class CausalLMPolicy:
         return float(self.score_temperature)
 
     def encode_prompts(self, observations: Sequence[str]) -> list[list[int]]:
-        """Token ids of each prompt as generation and scoring see them (cut from the left to fit)."""
+        """Token ids of each prompt as generation and scoring see them (cut from the left to fit).
+
+        Encodings are memoised per text (a prompt is encoded when it is sampled and again when
+        its answers are scored); the memo is dropped whenever the tokenizer's vocabulary size or
+        ``add_special_tokens`` changes, and when it holds ``PROMPT_MEMO_SIZE`` texts.
+        """
         if not observations:
             return []
-        encoded = self.tokenizer(
-            list(observations), add_special_tokens=self.add_special_tokens, verbose=False
-        )["input_ids"]
-        limit = self.context_length - 1 if self.context_length else None
-        prompts = []
-        for ids in encoded:
-            ids = list(ids) or [self._empty_prompt_id]
-            prompts.append(ids[-limit:] if limit and len(ids) > limit else ids)
-        return prompts
+        key = (len(self.tokenizer), self.add_special_tokens, self.context_length)
+        if key != self._prompt_memo_key or len(self._prompt_memo) > PROMPT_MEMO_SIZE:
+            self._prompt_memo, self._prompt_memo_key = {}, key
+        memo = self._prompt_memo
+        missing = list(dict.fromkeys(text for text in observations if text not in memo))
+        if missing:
+            encoded = self.tokenizer(missing, add_special_tokens=self.add_special_tokens, verbose=False)["input_ids"]
+            limit = self.context_length - 1 if self.context_length else None
+            for text, ids in zip(missing, encoded):
+                ids = tuple(ids) or (self._empty_prompt_id,)
+                memo[text] = ids[-limit:] if limit and len(ids) > limit else ids
+        return [list(memo[text]) for text in observations]
 
     def _answer_ids(self, completion: Completion) -> list[int]:
         if completion.token_ids is not None:
@@ -443,12 +454,19 @@ class CausalLMPolicy:
         return list(ids) + [self.eos_token_ids[0]]
 
     def _completion(self, generated: list[int]) -> Completion:
-        for index, token in enumerate(generated):
-            if token in self.eos_token_ids:
-                generated = generated[: index + 1]
-                break
-        text = self.tokenizer.decode(generated, skip_special_tokens=True)
-        return Completion(text=text, token_ids=tuple(generated))
+        return self._completions([generated])[0]
+
+    def _completions(self, rows: list[list[int]]) -> list[Completion]:
+        """Each row cut after its first eos, decoded (special tokens skipped) in one call."""
+        cut = []
+        for generated in rows:
+            for index, token in enumerate(generated):
+                if token in self.eos_token_ids:
+                    generated = generated[: index + 1]
+                    break
+            cut.append(generated)
+        texts = self.tokenizer.batch_decode(cut, skip_special_tokens=True)
+        return [Completion(text=text, token_ids=tuple(ids)) for text, ids in zip(texts, cut)]
 
     # ------------------------------------------------------------------ sampling
 
@@ -550,7 +568,7 @@ class CausalLMPolicy:
             cache, logits = out[self._cache_keyword], out.logits[:, -1]
             position = position + 1
         generated = torch.stack(drawn, dim=1).tolist()
-        completions = [self._completion(row) for row in generated]
+        completions = self._completions(generated)
         return [completions[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
 
     def _prefill(
@@ -616,7 +634,7 @@ class CausalLMPolicy:
         )
         if not isinstance(sequences, torch.Tensor):  # return_dict_in_generate via generation_kwargs
             sequences = sequences.sequences
-        rows = [self._completion(row) for row in sequences[:, width:].tolist()]
+        rows = self._completions(sequences[:, width:].tolist())
         return [rows[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
 
     # ------------------------------------------------------------------ scoring
