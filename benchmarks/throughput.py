@@ -276,6 +276,7 @@ def _train_ours(spec: dict, clock: _Clock):
         policy.sample = clock.wrap(
             "generate", policy.sample, lambda out: sum(len(c.token_ids or ()) for row in out for c in row)
         )
+        policy._draw = clock.wrap("sampling", policy._draw)  # our sampler; CoMLRL's is torch.multinomial
     trainer._update = clock.wrap("update", trainer._update)
     clock.instrument([p.model for p in trainer.policies.values()], list(trainer.optimizers.values()))
     return trainer, lambda: trainer.train()
