@@ -575,24 +575,28 @@ class CausalLMPolicy:
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_samples: int
     ) -> tuple[torch.Tensor, Any]:
         """Next-token logits and KV cache of every prompt, each repeated ``num_samples`` times."""
+        logits, cache = self._run_prompts(input_ids, attention_mask)
+        if num_samples == 1:
+            return logits, cache
+        if not hasattr(cache, "batch_repeat_interleave"):
+            # A cache type that cannot be repeated: run each prompt num_samples times instead.
+            return self._run_prompts(
+                input_ids.repeat_interleave(num_samples, dim=0),
+                attention_mask.repeat_interleave(num_samples, dim=0),
+            )
+        cache.batch_repeat_interleave(num_samples)
+        _reserve(cache, self.max_new_tokens)
+        return logits.repeat_interleave(num_samples, dim=0), cache
+
+    def _run_prompts(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """One pass over left-padded prompts: the logits at their last position and the KV cache."""
         inputs: dict[str, Any] = {"attention_mask": attention_mask, "use_cache": True}
         if self._takes_position_ids:
             inputs["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         if self._takes_logits_to_keep:
             inputs["logits_to_keep"] = 1
         out = self.model(input_ids=input_ids, **inputs)
-        cache = out[self._cache_keyword]
-        if num_samples > 1 and not hasattr(cache, "batch_repeat_interleave"):
-            # A cache type that cannot be repeated: run each prompt num_samples times instead.
-            if "position_ids" in inputs:
-                inputs["position_ids"] = inputs["position_ids"].repeat_interleave(num_samples, dim=0)
-            inputs["attention_mask"] = attention_mask.repeat_interleave(num_samples, dim=0)
-            out = self.model(input_ids=input_ids.repeat_interleave(num_samples, dim=0), **inputs)
-            return out.logits[:, -1], out[self._cache_keyword]
-        if num_samples > 1:
-            cache.batch_repeat_interleave(num_samples)
-        _reserve(cache, self.max_new_tokens)
-        return out.logits[:, -1].repeat_interleave(num_samples, dim=0), cache
+        return out.logits[:, -1], out[self._cache_keyword]
 
     def _draw(self, logits: torch.Tensor, ban_eos: bool = False) -> torch.Tensor:
         """One token per row from ``softmax(logits / temperature)``, truncated to the ``top_k``
@@ -751,17 +755,11 @@ class CausalLMPolicy:
         ``distinct[owner[r]]``, and a second pass runs the answers on it. None when the model's
         cache cannot be indexed by row."""
         prompt_ids, prompt_mask = self._left_pad(distinct)
-        inputs: dict[str, Any] = {"attention_mask": prompt_mask, "use_cache": True}
-        if self._takes_position_ids:
-            inputs["position_ids"] = (prompt_mask.cumsum(-1) - 1).clamp(min=0)
-        if self._takes_logits_to_keep:
-            inputs["logits_to_keep"] = 1
-        out = self.model(input_ids=prompt_ids, **inputs)
-        cache = out[self._cache_keyword]
+        last, cache = self._run_prompts(prompt_ids, prompt_mask)
         if not hasattr(cache, "batch_select_indices"):
             return None
         index = torch.tensor(owner, device=prompt_ids.device)
-        first = out.logits[:, -1][index].unsqueeze(1)  # predicts answer token 0
+        first = last[index].unsqueeze(1)  # predicts answer token 0
         if width_a == 1:
             return first
         cache.batch_select_indices(index)
