@@ -414,7 +414,7 @@ def test_invalid_settings(model_dir, bad):
 
 
 def test_decode_cache_has_room_reserved_and_overflows_safely(model_dir):
-    from llm_marl.policies.causal_lm import _reserve
+    from llm_marl.policies.causal_lm import _repeat_with_room
 
     policy = make(model_dir, max_new_tokens=5)
     input_ids, attention_mask = policy._left_pad(policy.encode_prompts(PROMPTS))
@@ -432,7 +432,12 @@ def test_decode_cache_has_room_reserved_and_overflows_safely(model_dir):
         assert keys.shape[-2] == width + 3 and torch.equal(keys[:, :, width:], extra[:, :, :3])
         keys, _ = layer.update(extra[:, :, 3:], extra[:, :, 3:])  # 4 more than the 2 left: concatenated
         assert keys.shape[-2] == width + 7 and torch.equal(keys[:, :, width:], extra)
-    _reserve(object(), 3)  # anything without DynamicLayer layers is left alone
+    assert not _repeat_with_room(object(), 2, 3)  # anything without DynamicLayer layers is left alone
+    # each prompt's copies are adjacent and equal the prompt's own cache, as batch_repeat_interleave
+    with torch.inference_mode():
+        _, single = policy._run_prompts(input_ids, attention_mask)
+    for layer, alone in zip(cache.layers, single.layers):
+        torch.testing.assert_close(layer.keys[:, :, :width], alone.keys.repeat_interleave(2, dim=0))
 
 
 def test_prompt_encodings_are_memoised_until_the_tokenizer_changes(model_dir, monkeypatch):

@@ -154,41 +154,52 @@ def _dropout_rates(model: torch.nn.Module) -> dict[str, float]:
     return rates
 
 
-def _reserve(cache: Any, extra: int) -> None:
-    """Give each layer of a ``DynamicCache`` room for ``extra`` more positions, written in place.
+def _repeat_with_room(cache: Any, repeats: int, extra: int) -> bool:
+    """Repeat every row of a ``DynamicCache`` ``repeats`` times (each row's copies adjacent, as
+    ``batch_repeat_interleave`` does) into buffers with room for ``extra`` more positions, one
+    layer at a time. Returns False, touching nothing, for other cache types (sliding windows,
+    quantised, static): the caller repeats those its own way.
 
     A plain ``DynamicCache`` concatenates every new key/value onto the whole cache, copying it once
-    per generated token; with room reserved, a step writes one position and the layer's tensors are
-    views of the filled part. Other cache types (sliding windows, quantised, static) are left as
-    they are.
+    per generated token; with room reserved a step writes one position, and the layer's tensors
+    are views of the filled part. Repeating straight into the new buffer means the repeated cache
+    never exists twice.
     """
     try:
         from transformers.cache_utils import DynamicLayer
     except ImportError:  # pragma: no cover - transformers without layered caches
-        return
-    for layer in getattr(cache, "layers", ()):
-        if type(layer) is not DynamicLayer or not getattr(layer, "is_initialized", False):
-            continue
-        keys, values = layer.keys, layer.values
-        if keys.dim() != 4:
-            continue
-        filled = keys.shape[-2]
-        key_room = keys.new_empty(*keys.shape[:2], filled + extra, keys.shape[-1])
-        value_room = values.new_empty(*values.shape[:2], filled + extra, values.shape[-1])
-        key_room[:, :, :filled] = keys
-        value_room[:, :, :filled] = values
-        layer.keys, layer.values = key_room[:, :, :filled], value_room[:, :, :filled]
+        return False
+    layers = list(getattr(cache, "layers", ()))
+    if not layers or not all(
+        type(layer) is DynamicLayer and getattr(layer, "is_initialized", False) and layer.keys.dim() == 4
+        for layer in layers
+    ):
+        return False
+    for layer in layers:
+        rooms = []
+        for name in ("keys", "values"):
+            old = getattr(layer, name)
+            rows, heads, filled, width = old.shape
+            room = old.new_empty(rows * repeats, heads, filled + extra, width)
+            room.view(rows, repeats, heads, filled + extra, width)[:, :, :, :filled] = old.unsqueeze(1)
+            setattr(layer, name, room[:, :, :filled])
+            rooms.append(room)
+        layer.update = _in_place_update(layer, *rooms, DynamicLayer.update)
+    return True
 
-        def update(key_states, value_states, *args, _layer=layer, _keys=key_room, _values=value_room, **kwargs):
-            start, stop = _layer.keys.shape[-2], _layer.keys.shape[-2] + key_states.shape[-2]
-            if stop > _keys.shape[-2]:  # past the reservation: concatenate as DynamicLayer does
-                return DynamicLayer.update(_layer, key_states, value_states, *args, **kwargs)
-            _keys[:, :, start:stop] = key_states
-            _values[:, :, start:stop] = value_states
-            _layer.keys, _layer.values = _keys[:, :, :stop], _values[:, :, :stop]
-            return _layer.keys, _layer.values
 
-        layer.update = update
+def _in_place_update(layer: Any, key_room: torch.Tensor, value_room: torch.Tensor, concatenate: Any) -> Any:
+    def update(key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+        start = layer.keys.shape[-2]
+        stop = start + key_states.shape[-2]
+        if stop > key_room.shape[-2]:  # past the reservation: concatenate as DynamicLayer does
+            return concatenate(layer, key_states, value_states, *args, **kwargs)
+        key_room[:, :, start:stop] = key_states
+        value_room[:, :, start:stop] = value_states
+        layer.keys, layer.values = key_room[:, :, :stop], value_room[:, :, :stop]
+        return layer.keys, layer.values
+
+    return update
 
 
 class CausalLMPolicy:
@@ -576,8 +587,8 @@ class CausalLMPolicy:
     ) -> tuple[torch.Tensor, Any]:
         """Next-token logits and KV cache of every prompt, each repeated ``num_samples`` times."""
         logits, cache = self._run_prompts(input_ids, attention_mask)
-        if num_samples == 1:
-            return logits, cache
+        if _repeat_with_room(cache, num_samples, self.max_new_tokens) or num_samples == 1:
+            return logits.repeat_interleave(num_samples, dim=0), cache
         if not hasattr(cache, "batch_repeat_interleave"):
             # A cache type that cannot be repeated: run each prompt num_samples times instead.
             return self._run_prompts(
@@ -585,7 +596,6 @@ class CausalLMPolicy:
                 attention_mask.repeat_interleave(num_samples, dim=0),
             )
         cache.batch_repeat_interleave(num_samples)
-        _reserve(cache, self.max_new_tokens)
         return logits.repeat_interleave(num_samples, dim=0), cache
 
     def _run_prompts(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
