@@ -272,6 +272,7 @@ def _train_ours(spec: dict, clock: _Clock):
     for policy in trainer.policies.values():
         if spec["force_length"]:
             policy.min_new_tokens = spec["new_tokens"]
+        policy.max_batch_size = spec.get("max_batch_size")
         policy.model.generate(**_warmup_inputs(policy.tokenizer), max_new_tokens=2, do_sample=True)
         policy.sample = clock.wrap(
             "generate", policy.sample, lambda out: sum(len(c.token_ids or ()) for row in out for c in row)
@@ -557,6 +558,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pretrain-steps", type=int, default=60, help="warm-start steps of the tiny models (default 60)")
     parser.add_argument("--new-tokens", type=int, default=24, help="new tokens per answer (default 24)")
     parser.add_argument("--no-force-length", action="store_true", help="let answers stop at eos (default: exactly --new-tokens)")
+    parser.add_argument(
+        "--max-batch-size", type=int, default=None, help="ours: CausalLMPolicy.max_batch_size, rows per call (default: no cap)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch threads in every worker (default 1)")
     parser.add_argument("--repeats", type=int, default=1, help="runs per (config, side); the table shows the fastest")
     parser.add_argument("--seed", type=int, default=0)
@@ -606,6 +610,7 @@ def main(argv: list[str] | None = None) -> int:
                     "items_per_step": ips,
                     "new_tokens": opts.new_tokens,
                     "force_length": not opts.no_force_length,
+                    "max_batch_size": opts.max_batch_size,
                     "threads": opts.threads,
                     "seed": opts.seed,
                 }
