@@ -3,10 +3,10 @@
 Sampling and scoring are the two halves the learners need (SPEC.md §4):
 
 * :meth:`CausalLMPolicy.sample` answers every observation ``n`` times in ONE batched decode: each
-  distinct prompt runs through the model once, its KV cache is repeated ``n`` times, then one
-  forward pass per new token serves all rows (chunked only when ``max_batch_size`` asks for it).
-  Each :class:`Completion` carries the generated token ids up to and including the first
-  end-of-sequence token, nothing after it.
+  prompt runs through the model once (not once per answer), its KV cache is repeated ``n``
+  times, then one forward pass per new token serves all rows (chunked only when
+  ``max_batch_size`` asks for it). Each :class:`Completion` carries the generated token ids up to
+  and including the first end-of-sequence token, nothing after it.
 * :meth:`CausalLMPolicy.token_log_probs` recomputes, with the current weights, the
   log-probability of every generated token (the eos included, padding excluded) in as few padded
   forward passes as ``max_batch_tokens`` allows; answers that share a prompt share one pass over
@@ -60,7 +60,8 @@ given when the model has dropout.
 
 Context length. Prompts longer than the model's context minus one token are cut from the left
 (the end of a prompt matters most), and ``max_new_tokens`` is lowered for a generate call whose
-padded prompt width leaves less room than that (the decode loop and ``generate`` alike). Both are applied identically when scoring.
+padded prompt width leaves less room than that (the decode loop and ``generate`` alike). Both
+are applied identically when scoring.
 
 Sampling uses torch's global RNG (the trainer seeds it), so seeded runs repeat.
 """
@@ -547,8 +548,8 @@ class CausalLMPolicy:
         return answers
 
     def _decode(self, prompts: list[list[int]], num_samples: int) -> list[list[Completion]]:
-        """The KV-cached sampling loop: each distinct prompt is run through the model once and its
-        cache repeated ``num_samples`` times; then one forward per new token for all rows."""
+        """The KV-cached sampling loop: each prompt is run through the model once and its cache
+        repeated ``num_samples`` times; then one forward per new token for all rows."""
         input_ids, attention_mask = self._left_pad(prompts)
         width = input_ids.shape[1]
         max_new_tokens = self._max_new_tokens(width)
