@@ -710,40 +710,30 @@ class CausalLMPolicy:
         if width_a == 0:
             shape = (len(answers), 0)
             return torch.zeros(shape, device=device), torch.zeros(shape, dtype=torch.bool, device=device)
-        distinct: dict[tuple[int, ...], int] = {}
-        owner = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
-        if self.score_prompts_once and len(distinct) < len(prompts):
-            logits = self._answer_logits_shared([list(p) for p in distinct], owner, answers, width_a)
-        else:
-            logits = self._answer_logits(prompts, answers, width_a)
-        if logits is None:  # the model's cache cannot be shared between rows
-            logits = self._answer_logits(prompts, answers, width_a)
         targets = torch.full((len(answers), width_a), self.pad_token_id, dtype=torch.long)
         for row, answer in enumerate(answers):
             targets[row, : len(answer)] = torch.tensor(answer, dtype=torch.long)
         targets = targets.to(device)
+        mask = torch.arange(width_a, device=device).unsqueeze(0) < lengths.unsqueeze(1)
+        distinct: dict[tuple[int, ...], int] = {}
+        owner = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        logits = None
+        if self.score_prompts_once and len(distinct) < len(prompts):
+            logits = self._answer_logits_shared([list(p) for p in distinct], owner, targets, mask)
+        if logits is None:  # nothing shared, or a cache that cannot be indexed by row
+            logits = self._answer_logits(prompts, targets, mask)
         logits = logits.float() / self.effective_score_temperature
         chosen = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         values = chosen - torch.logsumexp(logits, dim=-1)
-        mask = torch.arange(width_a, device=device).unsqueeze(0) < lengths.unsqueeze(1)
         values = torch.where(mask, values, torch.zeros_like(values))
         return values, mask
 
-    def _answer_logits(
-        self, prompts: list[list[int]], answers: list[list[int]], width_a: int
-    ) -> torch.Tensor:
-        """``[rows, width_a, vocab]`` logits predicting each answer token, one forward pass over
-        ``[left padding | prompt | answer | right padding]``."""
-        width_p = max(len(p) for p in prompts)
-        batch = len(prompts)
-        input_ids = torch.full((batch, width_p + width_a), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros_like(input_ids)
-        for row, (prompt, answer) in enumerate(zip(prompts, answers)):
-            input_ids[row, width_p - len(prompt) : width_p] = torch.tensor(prompt, dtype=torch.long)
-            attention_mask[row, width_p - len(prompt) : width_p + len(answer)] = 1
-            if answer:
-                input_ids[row, width_p : width_p + len(answer)] = torch.tensor(answer, dtype=torch.long)
-        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+    def _answer_logits(self, prompts: list[list[int]], targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``[rows, width_a, vocab]`` logits predicting each answer token (``targets``, right-padded,
+        real where ``mask``), one forward pass over ``[left padding | prompt | answer | right padding]``."""
+        prompt_ids, prompt_mask = self._left_pad(prompts)
+        input_ids = torch.cat([prompt_ids, targets], dim=1)
+        attention_mask = torch.cat([prompt_mask, mask.long()], dim=1)
         inputs: dict[str, Any] = {
             "input_ids": input_ids,
             "attention_mask": attention_mask,
@@ -752,6 +742,7 @@ class CausalLMPolicy:
         if self._takes_position_ids:
             # As generate does for left padding: positions count real tokens only.
             inputs["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        width_a = targets.shape[1]
         if self._takes_logits_to_keep:
             inputs["logits_to_keep"] = width_a + 1
         logits = self.model(**inputs).logits
@@ -759,7 +750,7 @@ class CausalLMPolicy:
         return logits[:, -(width_a + 1) : -1]
 
     def _answer_logits_shared(
-        self, distinct: list[list[int]], owner: list[int], answers: list[list[int]], width_a: int
+        self, distinct: list[list[int]], owner: list[int], targets: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor | None:
         """As :meth:`_answer_logits`, but each distinct prompt runs through the model once: its KV
         cache (with gradients) is selected for every row ``r`` whose prompt is
@@ -771,27 +762,19 @@ class CausalLMPolicy:
             return None
         index = torch.tensor(owner, device=prompt_ids.device)
         first = last[index].unsqueeze(1)  # predicts answer token 0
-        if width_a == 1:
+        if targets.shape[1] == 1:
             return first
         cache.batch_select_indices(index)
-        rows = len(answers)
         # Answer tokens 0 .. width_a - 2 predict tokens 1 .. width_a - 1.
-        answer_ids = torch.full((rows, width_a - 1), self.pad_token_id, dtype=torch.long)
-        answer_mask = torch.zeros_like(answer_ids)
-        for row, answer in enumerate(answers):
-            if len(answer) > 1:
-                answer_ids[row, : len(answer) - 1] = torch.tensor(answer[:-1], dtype=torch.long)
-                answer_mask[row, : len(answer) - 1] = 1
-        answer_ids, answer_mask = answer_ids.to(prompt_ids.device), answer_mask.to(prompt_ids.device)
         inputs = {
-            "input_ids": answer_ids,
-            "attention_mask": torch.cat([prompt_mask[index], answer_mask], dim=1),
+            "input_ids": targets[:, :-1],
+            "attention_mask": torch.cat([prompt_mask[index], mask[:, 1:].long()], dim=1),
             self._cache_keyword: cache,
             "use_cache": True,
         }
         if self._takes_position_ids:
             start = prompt_mask.sum(-1)[index].unsqueeze(1)
-            inputs["position_ids"] = start + torch.arange(width_a - 1, device=start.device)
+            inputs["position_ids"] = start + torch.arange(targets.shape[1] - 1, device=start.device)
         rest = self.model(**inputs).logits
         return torch.cat([first, rest], dim=1)
 
