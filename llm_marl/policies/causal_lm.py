@@ -1,6 +1,12 @@
 """A policy backed by any Hugging Face causal language model (``AutoModelForCausalLM``).
 
-Sampling and scoring are the two halves the learners need (SPEC.md §4):
+Sampling and scoring are the two halves the learners need (SPEC.md §4). This class holds the
+settings, the tokenizer and the model; the work is done by two units behind one seam —
+:mod:`~llm_marl.policies.sampling` (decode loop, cache handling, draws) and
+:mod:`~llm_marl.policies.scoring` (log-probs), both of which reach the model only through a
+:class:`~llm_marl.policies.lm_runner.ModelRunner`. A team of adapters on one base
+(:class:`~llm_marl.policies.LoRATeam`) plugs its own runner in, whose rows carry their agent's
+adapter.
 
 * :meth:`CausalLMPolicy.sample` answers every observation ``n`` times in ONE batched decode: each
   prompt runs through the model once (not once per answer), its KV cache is repeated ``n``
@@ -68,9 +74,7 @@ Sampling uses torch's global RNG (the trainer seeds it), so seeded runs repeat.
 
 from __future__ import annotations
 
-import inspect
 import json
-import math
 import os
 import warnings
 from pathlib import Path
@@ -78,7 +82,10 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
+from llm_marl.policies import sampling, scoring
 from llm_marl.policies.base import Completion
+from llm_marl.policies.lm_runner import ModelRunner, model_name
+from llm_marl.policies.sampling import repeat_with_room as _repeat_with_room  # noqa: F401 (old name)
 
 __all__ = ["CausalLMPolicy", "TanhGELU", "fuse_activations"]
 
@@ -98,22 +105,6 @@ _SETTING_NAMES = (
     "score_prompts_once",
     "fused_activations",
 )
-
-
-def _model_name(model: Any) -> str:
-    name = getattr(model, "name_or_path", None) or getattr(
-        getattr(model, "config", None), "_name_or_path", None
-    )
-    return str(name) if name else type(model).__name__
-
-
-def _context_length(model: Any) -> int | None:
-    config = getattr(model, "config", None)
-    for attribute in ("n_positions", "max_position_embeddings", "n_ctx", "seq_length"):
-        value = getattr(config, attribute, None)
-        if isinstance(value, int) and value > 1:
-            return value
-    return None
 
 
 class TanhGELU(torch.nn.Module):
@@ -153,54 +144,6 @@ def _dropout_rates(model: torch.nn.Module) -> dict[str, float]:
         if isinstance(module, torch.nn.Dropout) and module.p > 0:
             rates.setdefault(name or "dropout", float(module.p))
     return rates
-
-
-def _repeat_with_room(cache: Any, repeats: int, extra: int) -> bool:
-    """Repeat every row of a ``DynamicCache`` ``repeats`` times (each row's copies adjacent, as
-    ``batch_repeat_interleave`` does) into buffers with room for ``extra`` more positions, one
-    layer at a time. Returns False, touching nothing, for other cache types (sliding windows,
-    quantised, static): the caller repeats those its own way.
-
-    A plain ``DynamicCache`` concatenates every new key/value onto the whole cache, copying it once
-    per generated token; with room reserved a step writes one position, and the layer's tensors
-    are views of the filled part. Repeating straight into the new buffer means the repeated cache
-    never exists twice.
-    """
-    try:
-        from transformers.cache_utils import DynamicLayer
-    except ImportError:  # pragma: no cover - transformers without layered caches
-        return False
-    layers = list(getattr(cache, "layers", ()))
-    if not layers or not all(
-        type(layer) is DynamicLayer and getattr(layer, "is_initialized", False) and layer.keys.dim() == 4
-        for layer in layers
-    ):
-        return False
-    for layer in layers:
-        rooms = []
-        for name in ("keys", "values"):
-            old = getattr(layer, name)
-            rows, heads, filled, width = old.shape
-            room = old.new_empty(rows * repeats, heads, filled + extra, width)
-            room.view(rows, repeats, heads, filled + extra, width)[:, :, :, :filled] = old.unsqueeze(1)
-            setattr(layer, name, room[:, :, :filled])
-            rooms.append(room)
-        layer.update = _in_place_update(layer, *rooms, DynamicLayer.update)
-    return True
-
-
-def _in_place_update(layer: Any, key_room: torch.Tensor, value_room: torch.Tensor, concatenate: Any) -> Any:
-    def update(key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
-        start = layer.keys.shape[-2]
-        stop = start + key_states.shape[-2]
-        if stop > key_room.shape[-2]:  # past the reservation: concatenate as DynamicLayer does
-            return concatenate(layer, key_states, value_states, *args, **kwargs)
-        key_room[:, :, start:stop] = key_states
-        value_room[:, :, start:stop] = value_states
-        layer.keys, layer.values = key_room[:, :, :stop], value_room[:, :, :stop]
-        return layer.keys, layer.values
-
-    return update
 
 
 class CausalLMPolicy:
@@ -296,7 +239,7 @@ class CausalLMPolicy:
         self.use_hf_generate = bool(use_hf_generate)
         self.score_prompts_once = bool(score_prompts_once)
         self.generation_kwargs = dict(generation_kwargs or {})
-        self.name = _model_name(model)
+        self.name = model_name(model)
 
         eos_ids: list[int] = []
         config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
@@ -320,15 +263,11 @@ class CausalLMPolicy:
         self.pad_token_id: int = int(tokenizer.pad_token_id)
         start = getattr(tokenizer, "bos_token_id", None)
         self._empty_prompt_id = int(start) if start is not None else eos_ids[0]
-        self.context_length = _context_length(model)
+        self.runner = self._make_runner(model)
+        self.context_length = self.runner.context_length
         self._prompt_memo: dict[str, tuple[int, ...]] = {}
         self._prompt_memo_key: tuple[Any, ...] | None = None
 
-        forward = inspect.signature(model.forward).parameters
-        self._takes_position_ids = "position_ids" in forward
-        self._takes_logits_to_keep = "logits_to_keep" in forward
-        # transformers renamed past_key_values to cache (5.x); outputs carry the same name.
-        self._cache_keyword = "cache" if "cache" in forward else "past_key_values"
         if fused_activations:
             fuse_activations(model)
         self.fused_activations = bool(fused_activations)
@@ -346,6 +285,14 @@ class CausalLMPolicy:
             self.to(device)
 
     # ------------------------------------------------------------------ construction / state
+
+    def _make_runner(self, model: Any) -> ModelRunner:
+        """The seam to the model (a team of adapters gives its own)."""
+        return ModelRunner(model)
+
+    def _routes(self, rows: int) -> list[str] | None:
+        """Each row's route through the model: None for a plain model (one route)."""
+        return None
 
     @classmethod
     def from_pretrained(
@@ -510,14 +457,7 @@ class CausalLMPolicy:
         )
 
     def _left_pad(self, prompts: Sequence[Sequence[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-        width = max(len(ids) for ids in prompts)
-        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
-        for row, ids in enumerate(prompts):
-            if ids:
-                input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-                attention_mask[row, width - len(ids) :] = 1
-        return input_ids.to(self.device), attention_mask.to(self.device)
+        return self.runner.left_pad(prompts, self.pad_token_id)
 
     def _max_new_tokens(self, prompt_width: int) -> int:
         if self.context_length is None:
@@ -548,38 +488,21 @@ class CausalLMPolicy:
         return answers
 
     def _decode(self, prompts: list[list[int]], num_samples: int) -> list[list[Completion]]:
-        """The KV-cached sampling loop: each prompt is run through the model once and its cache
-        repeated ``num_samples`` times; then one forward per new token for all rows."""
+        """The KV-cached sampling loop (:func:`~llm_marl.policies.sampling.decode`)."""
         input_ids, attention_mask = self._left_pad(prompts)
-        width = input_ids.shape[1]
-        max_new_tokens = self._max_new_tokens(width)
-        logits, cache = self._prefill(input_ids, attention_mask, num_samples)
-        rows = len(prompts) * num_samples
-        attention_mask = attention_mask.repeat_interleave(num_samples, dim=0)
-        position = attention_mask.sum(-1, keepdim=True)  # the next token's position id
-        eos = torch.tensor(self.eos_token_ids, device=input_ids.device)
-        finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
-        drawn = []
-        for step in range(max_new_tokens):
-            token = self._draw(logits, ban_eos=step < self.min_new_tokens)
-            token = token.masked_fill(finished, self.pad_token_id)
-            drawn.append(token)
-            finished |= torch.isin(token, eos)
-            if step + 1 == max_new_tokens or bool(finished.all()):
-                break
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones((rows, 1))], dim=1)
-            inputs: dict[str, Any] = {
-                "input_ids": token.unsqueeze(-1),
-                "attention_mask": attention_mask,
-                self._cache_keyword: cache,
-                "use_cache": True,
-            }
-            if self._takes_position_ids:
-                inputs["position_ids"] = position
-            out = self.model(**inputs)
-            cache, logits = out[self._cache_keyword], out.logits[:, -1]
-            position = position + 1
-        generated = torch.stack(drawn, dim=1).tolist()
+        generated = sampling.decode(
+            self.runner,
+            input_ids,
+            attention_mask,
+            num_samples,
+            max_new_tokens=self._max_new_tokens(input_ids.shape[1]),
+            min_new_tokens=self.min_new_tokens,
+            room=self.max_new_tokens,
+            eos_token_ids=self.eos_token_ids,
+            pad_token_id=self.pad_token_id,
+            draw_token=self._draw,
+            routes=self._routes(len(prompts)),
+        )
         completions = self._completions(generated)
         return [completions[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
 
@@ -587,53 +510,22 @@ class CausalLMPolicy:
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_samples: int
     ) -> tuple[torch.Tensor, Any]:
         """Next-token logits and KV cache of every prompt, each repeated ``num_samples`` times."""
-        logits, cache = self._run_prompts(input_ids, attention_mask)
-        if _repeat_with_room(cache, num_samples, self.max_new_tokens) or num_samples == 1:
-            return logits.repeat_interleave(num_samples, dim=0), cache
-        if not hasattr(cache, "batch_repeat_interleave"):
-            # A cache type that cannot be repeated: run each prompt num_samples times instead.
-            return self._run_prompts(
-                input_ids.repeat_interleave(num_samples, dim=0),
-                attention_mask.repeat_interleave(num_samples, dim=0),
-            )
-        cache.batch_repeat_interleave(num_samples)
-        return logits.repeat_interleave(num_samples, dim=0), cache
+        routes = self._routes(input_ids.shape[0])
+        return sampling.prefill(self.runner, input_ids, attention_mask, num_samples, self.max_new_tokens, routes)
 
     def _run_prompts(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, Any]:
         """One pass over left-padded prompts: the logits at their last position and the KV cache."""
-        inputs: dict[str, Any] = {"attention_mask": attention_mask, "use_cache": True}
-        if self._takes_position_ids:
-            inputs["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        if self._takes_logits_to_keep:
-            inputs["logits_to_keep"] = 1
-        out = self.model(input_ids=input_ids, **inputs)
-        return out.logits[:, -1], out[self._cache_keyword]
+        return self.runner.run_prompts(input_ids, attention_mask, self._routes(input_ids.shape[0]))
+
+    def draw_settings(self) -> sampling.DrawSettings:
+        """The settings :func:`~llm_marl.policies.sampling.draw` samples with (read at each call)."""
+        return sampling.DrawSettings(self.temperature, self.top_k, self.top_p, tuple(self.eos_token_ids))
 
     def _draw(self, logits: torch.Tensor, ban_eos: bool = False) -> torch.Tensor:
-        """One token per row from ``softmax(logits / temperature)``, truncated to the ``top_k``
-        most likely tokens and then to the smallest set whose mass reaches ``top_p``.
-
-        Inverse-CDF sampling with one uniform per row (``torch.rand``, the global RNG).
-        """
-        logits = logits.float() / self.temperature
-        if ban_eos:
-            logits[:, list(self.eos_token_ids)] = -math.inf
-        vocab = logits.shape[-1]
-        if self.top_k and self.top_k < vocab:
-            kth = logits.topk(self.top_k, dim=-1).values[:, -1:]
-            logits = logits.masked_fill(logits < kth, -math.inf)
-        probs = torch.softmax(logits, dim=-1)
-        order = None
-        if self.top_p is not None and self.top_p < 1.0:
-            probs, order = probs.sort(dim=-1, descending=True)
-            mass_before = probs.cumsum(dim=-1) - probs
-            probs = probs.masked_fill(mass_before >= self.top_p, 0.0)
-        cdf = probs.cumsum(dim=-1)
-        threshold = torch.rand((cdf.shape[0], 1), device=cdf.device) * cdf[:, -1:]
-        token = torch.searchsorted(cdf, threshold, right=True).clamp_(max=vocab - 1)
-        if order is not None:
-            token = order.gather(-1, token)
-        return token.squeeze(-1)
+        """One token per row (:func:`~llm_marl.policies.sampling.draw`): inverse CDF on
+        ``softmax(logits / temperature)`` after top-k then top-p truncation, one ``torch.rand``
+        uniform per row (the global RNG)."""
+        return sampling.draw(logits, self.draw_settings(), ban_eos)
 
     def _generate(self, prompts: list[list[int]], num_samples: int) -> list[list[Completion]]:
         """Sampling through ``model.generate`` (``use_hf_generate=True`` or ``generation_kwargs``)."""
@@ -656,21 +548,7 @@ class CausalLMPolicy:
 
     def _chunks(self, prompts: list[list[int]], answers: list[list[int]]) -> list[range]:
         """Consecutive rows per forward pass, within max_batch_size and max_batch_tokens."""
-        chunks: list[range] = []
-        start, width_p, width_a = 0, 0, 0
-        for row in range(len(prompts)):
-            new_p = max(width_p, len(prompts[row]))
-            new_a = max(width_a, len(answers[row]))
-            rows = row - start + 1
-            too_many = self.max_batch_size is not None and rows > self.max_batch_size
-            too_big = self.max_batch_tokens is not None and rows * (new_p + new_a) > self.max_batch_tokens
-            if rows > 1 and (too_many or too_big):
-                chunks.append(range(start, row))
-                start, new_p, new_a = row, len(prompts[row]), len(answers[row])
-            width_p, width_a = new_p, new_a
-        if start < len(prompts):
-            chunks.append(range(start, len(prompts)))
-        return chunks
+        return scoring.chunks(prompts, answers, self.max_batch_size, self.max_batch_tokens)
 
     def token_log_probs(
         self, observations: Sequence[str], completions: Sequence[Completion]
@@ -688,95 +566,17 @@ class CausalLMPolicy:
             )
         prompts = self.encode_prompts(observations)
         answers = [self._answer_ids(c) for c in completions]
-        width = max((len(a) for a in answers), default=0)
-        values, masks = [], []
-        for rows in self._chunks(prompts, answers):
-            v, m = self._score([prompts[i] for i in rows], [answers[i] for i in rows])
-            pad = width - v.shape[1]
-            values.append(torch.nn.functional.pad(v, (0, pad)))
-            masks.append(torch.nn.functional.pad(m, (0, pad)))
-        if not values:
-            return torch.zeros((0, 0), device=self.device), torch.zeros(
-                (0, 0), dtype=torch.bool, device=self.device
-            )
-        return torch.cat(values), torch.cat(masks)
-
-    def _score(
-        self, prompts: list[list[int]], answers: list[list[int]]
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        device = self.device
-        lengths = torch.tensor([len(a) for a in answers], device=device)
-        width_a = int(lengths.max()) if answers else 0
-        if width_a == 0:
-            shape = (len(answers), 0)
-            return torch.zeros(shape, device=device), torch.zeros(shape, dtype=torch.bool, device=device)
-        targets = torch.full((len(answers), width_a), self.pad_token_id, dtype=torch.long)
-        for row, answer in enumerate(answers):
-            targets[row, : len(answer)] = torch.tensor(answer, dtype=torch.long)
-        targets = targets.to(device)
-        mask = torch.arange(width_a, device=device).unsqueeze(0) < lengths.unsqueeze(1)
-        distinct: dict[tuple[int, ...], int] = {}
-        owner = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
-        logits = None
-        if self.score_prompts_once and len(distinct) < len(prompts):
-            logits = self._answer_logits_shared([list(p) for p in distinct], owner, targets, mask)
-        if logits is None:  # nothing shared, or a cache that cannot be indexed by row
-            logits = self._answer_logits(prompts, targets, mask)
-        logits = logits.float() / self.effective_score_temperature
-        chosen = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        values = chosen - torch.logsumexp(logits, dim=-1)
-        values = torch.where(mask, values, torch.zeros_like(values))
-        return values, mask
-
-    def _answer_logits(self, prompts: list[list[int]], targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """``[rows, width_a, vocab]`` logits predicting each answer token (``targets``, right-padded,
-        real where ``mask``), one forward pass over ``[left padding | prompt | answer | right padding]``."""
-        prompt_ids, prompt_mask = self._left_pad(prompts)
-        input_ids = torch.cat([prompt_ids, targets], dim=1)
-        attention_mask = torch.cat([prompt_mask, mask.long()], dim=1)
-        inputs: dict[str, Any] = {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "use_cache": False,
-        }
-        if self._takes_position_ids:
-            # As generate does for left padding: positions count real tokens only.
-            inputs["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-        width_a = targets.shape[1]
-        if self._takes_logits_to_keep:
-            inputs["logits_to_keep"] = width_a + 1
-        logits = self.model(**inputs).logits
-        # Column width_p - 1 + t predicts answer token t: the last width_a + 1 columns minus one.
-        return logits[:, -(width_a + 1) : -1]
-
-    def _answer_logits_shared(
-        self, distinct: list[list[int]], owner: list[int], targets: torch.Tensor, mask: torch.Tensor
-    ) -> torch.Tensor | None:
-        """As :meth:`_answer_logits`, but each distinct prompt runs through the model once: its KV
-        cache (with gradients) is selected for every row ``r`` whose prompt is
-        ``distinct[owner[r]]``, and a second pass runs the answers on it. None when the model's
-        cache cannot be indexed by row."""
-        prompt_ids, prompt_mask = self._left_pad(distinct)
-        last, cache = self._run_prompts(prompt_ids, prompt_mask)
-        if not hasattr(cache, "batch_select_indices"):
-            return None
-        index = torch.tensor(owner, device=prompt_ids.device)
-        first = last[index].unsqueeze(1)  # predicts answer token 0
-        if targets.shape[1] == 1:
-            return first
-        cache.batch_select_indices(index)
-        # Answer tokens 0 .. width_a - 2 predict tokens 1 .. width_a - 1.
-        inputs = {
-            "input_ids": targets[:, :-1],
-            "attention_mask": torch.cat([prompt_mask[index], mask[:, 1:].long()], dim=1),
-            self._cache_keyword: cache,
-            "use_cache": True,
-        }
-        if self._takes_position_ids:
-            start = prompt_mask.sum(-1)[index].unsqueeze(1)
-            inputs["position_ids"] = start + torch.arange(targets.shape[1] - 1, device=start.device)
-        rest = self.model(**inputs).logits
-        return torch.cat([first, rest], dim=1)
+        return scoring.token_log_probs(
+            self.runner,
+            prompts,
+            answers,
+            pad_token_id=self.pad_token_id,
+            temperature=self.effective_score_temperature,
+            prompts_once=self.score_prompts_once,
+            max_batch_size=self.max_batch_size,
+            max_batch_tokens=self.max_batch_tokens,
+            routes=self._routes(len(prompts)),
+        )
 
     def log_probs(
         self,

@@ -1,0 +1,92 @@
+"""The seam between a causal language model and the units that sample from it and score it.
+
+:class:`ModelRunner` is everything :mod:`~llm_marl.policies.sampling` and
+:mod:`~llm_marl.policies.scoring` need from a model: one ``forward(inputs, routes)`` call and a
+few facts read once from the model (whether ``forward`` takes ``position_ids`` and
+``logits_to_keep``, the name of its cache keyword, its context length, its device).
+
+``routes`` names, per batch row, what the row runs through. A plain model has one route and
+ignores it (``None``); a team of adapters on one base (:class:`~llm_marl.policies.LoRATeam`)
+plugs in its own runner whose rows each carry their agent's adapter, so one forward serves
+several agents. Another generation backend plugs in the same way.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Sequence
+
+import torch
+
+__all__ = ["ModelRunner", "context_length", "model_name"]
+
+
+def model_name(model: Any) -> str:
+    """The model's ``name_or_path`` (or its class name)."""
+    name = getattr(model, "name_or_path", None) or getattr(getattr(model, "config", None), "_name_or_path", None)
+    return str(name) if name else type(model).__name__
+
+
+def context_length(model: Any) -> int | None:
+    """The model's context length from its config, or None when it declares none."""
+    config = getattr(model, "config", None)
+    for attribute in ("n_positions", "max_position_embeddings", "n_ctx", "seq_length"):
+        value = getattr(config, attribute, None)
+        if isinstance(value, int) and value > 1:
+            return value
+    return None
+
+
+def _forward_parameters(model: Any) -> Any:
+    """The parameters of the forward that does the work: a peft wrapper's own ``forward`` takes
+    ``**kwargs`` and passes them on, so the wrapped model's signature is the one that counts."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return inspect.signature(inner.forward).parameters
+
+
+class ModelRunner:
+    """Runs a causal LM for the sampling and scoring units (see the module docstring)."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+        forward = _forward_parameters(model)
+        self.takes_position_ids = "position_ids" in forward
+        self.takes_logits_to_keep = "logits_to_keep" in forward
+        # transformers renamed past_key_values to cache (5.x); outputs carry the same name.
+        self.cache_keyword = "cache" if "cache" in forward else "past_key_values"
+        self.context_length = context_length(model)
+
+    @property
+    def device(self) -> torch.device:
+        try:
+            return next(self.model.parameters()).device
+        except StopIteration:  # pragma: no cover - a model without parameters
+            return torch.device("cpu")
+
+    def forward(self, inputs: dict[str, Any], routes: Sequence[str] | None = None) -> Any:
+        """``model(**inputs)``; a plain model has a single route, so ``routes`` is ignored."""
+        return self.model(**inputs)
+
+    def left_pad(self, prompts: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(input_ids, attention_mask)`` of left-padded prompts, on the model's device."""
+        width = max(len(ids) for ids in prompts)
+        input_ids = torch.full((len(prompts), width), pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, ids in enumerate(prompts):
+            if ids:
+                input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+                attention_mask[row, width - len(ids) :] = 1
+        device = self.device
+        return input_ids.to(device), attention_mask.to(device)
+
+    def run_prompts(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, routes: Sequence[str] | None = None
+    ) -> tuple[torch.Tensor, Any]:
+        """One pass over left-padded prompts: the logits at their last position and the KV cache."""
+        inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": True}
+        if self.takes_position_ids:
+            inputs["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        if self.takes_logits_to_keep:
+            inputs["logits_to_keep"] = 1
+        out = self.forward(inputs, routes)
+        return out.logits[:, -1], out[self.cache_keyword]
