@@ -424,6 +424,14 @@ class RecordingDialogueEnv(DialogueEnv):
         _StepRecorder.stepped.append(id(self))
         return super().step_branches(joint_actions)
 
+    def step_rewards(self, joint_actions):
+        _StepRecorder.stepped.append(id(self))
+        return super().step_rewards(joint_actions)
+
+    def advance(self, scored):
+        _StepRecorder.stepped.append(id(self))
+        return super().advance(scored)
+
 
 def test_the_env_passed_in_is_not_stepped():
     _StepRecorder.stepped = []

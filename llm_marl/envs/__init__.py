@@ -1,12 +1,13 @@
 """The PettingZoo face of a task."""
 
 from llm_marl.envs.adapters import DiscreteMenuWrapper, TokenIdsWrapper
-from llm_marl.envs.dialogue import Branch, DialogueEnv
+from llm_marl.envs.dialogue import Branch, DialogueEnv, ScoredStep
 from llm_marl.envs.registry import make, register, registered_ids
 from llm_marl.envs.spaces import Utterance
 
 __all__ = [
     "Branch",
+    "ScoredStep",
     "DialogueEnv",
     "DiscreteMenuWrapper",
     "TokenIdsWrapper",

@@ -87,7 +87,9 @@ from llm_marl.envs.dialogue import Branch
 __all__ = ["DiscreteMenuWrapper", "TokenIdsWrapper", "text_id"]
 
 OBSERVATION_MODES = ("ids", "mask")
-_NOT_FORWARDED = frozenset({"env", "task"})
+# step_rewards/advance would reach the wrapped env with undecoded actions and return unwrapped
+# branches: the adapters branch eagerly through step_branches instead.
+_NOT_FORWARDED = frozenset({"env", "task", "step_rewards", "advance"})
 
 
 def text_id(text: str, num_ids: int = 2**31) -> int:

@@ -6,6 +6,8 @@ Observation space      :class:`~llm_marl.envs.spaces.Utterance` (any Unicode str
 Action space           :class:`~llm_marl.envs.spaces.Utterance` (any Unicode string)
 Rewards                one shared float per turn, equal for every agent
 Episode                ``task.num_turns`` turns, or fewer when ``task.is_done`` says so
+                       (a task with ``num_turns = None`` has no horizon of its own: only
+                       ``is_done`` ends it; learners play their config's ``num_turns``)
 Render modes           ``"ansi"`` (the dialogue so far, as text)
 =====================  ====================================================================
 
@@ -24,6 +26,13 @@ are what the task's reward returned besides the number.
 Branching, for rollout trees: ``fork()`` returns an independent environment in the same state
 (cheap: the task, dataset and immutable history are shared), and ``step_branches(joint_actions)``
 steps one fork per joint answer, scoring them together through the task's batched ``rewards``.
+A step can also be taken in two halves, so that the external transition (which may be expensive,
+e.g. running tests) only runs for the branches that are continued: ``step_rewards(joint_actions)``
+scores every joint answer and returns one :class:`ScoredStep` each (everything ``step`` would
+return except the next observations; this env is unchanged), and ``advance(scored)`` returns a
+:class:`Branch`: a fork of this env stepped with that joint answer, the transition run now. The
+rollout trees use the two halves and advance only the branches that get a child;
+``step``/``step_branches`` are exactly ``step_rewards`` followed by ``advance``.
 
 Errors: bad actions (unknown, missing or non-string agents' answers, stepping a finished
 episode, an out-of-range ``options["index"]``) raise ``ValueError``. A task whose reward,
@@ -56,6 +65,19 @@ class Branch(NamedTuple):
     infos: dict[str, dict[str, Any]]
 
 
+class ScoredStep(NamedTuple):
+    """A joint answer scored by :meth:`DialogueEnv.step_rewards` but not yet played: what ``step``
+    would return except the next observations (the transition has not run)."""
+
+    actions: dict[str, str]
+    rewards: dict[str, float]
+    terminations: dict[str, bool]
+    truncations: dict[str, bool]
+    infos: dict[str, dict[str, Any]]
+    history: tuple[Turn, ...]
+    """The env's history with this turn appended (checked by ``advance``)."""
+
+
 class DialogueEnv(ParallelEnv):
     """A :class:`~llm_marl.tasks.base.CooperativeTask` played through PettingZoo's parallel API."""
 
@@ -66,8 +88,10 @@ class DialogueEnv(ParallelEnv):
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
         if not task.agents or len(set(task.agents)) != len(task.agents):
             raise ValueError(f"task {task.task_name}: agents must be non-empty and distinct, got {task.agents!r}")
-        if not isinstance(task.num_turns, int) or task.num_turns < 1:
-            raise ValueError(f"task {task.task_name}: num_turns must be an int >= 1, got {task.num_turns!r}")
+        if task.num_turns is not None and (
+            isinstance(task.num_turns, bool) or not isinstance(task.num_turns, int) or task.num_turns < 1
+        ):
+            raise ValueError(f"task {task.task_name}: num_turns must be an int >= 1 or None, got {task.num_turns!r}")
         self.task = task
         self.split = split
         self.render_mode = render_mode
@@ -129,8 +153,8 @@ class DialogueEnv(ParallelEnv):
 
     def step(self, actions: Mapping[str, str]):
         self._check_actions(actions)
-        [scored] = self._score([actions])
-        return self._advance(actions, *scored)
+        [scored] = self._scored([actions])
+        return self._commit(scored, self._next_observations(scored))
 
     def render(self) -> str | None:
         if self.render_mode is None:
@@ -167,18 +191,30 @@ class DialogueEnv(ParallelEnv):
 
         The joint answers are scored together by the task's batched ``rewards``.
         """
+        return [self.advance(scored) for scored in self.step_rewards(joint_actions)]
+
+    def step_rewards(self, joint_actions: Sequence[Mapping[str, str]]) -> list[ScoredStep]:
+        """Score every joint answer to this state (together, through the task's batched
+        ``rewards``) without playing any of them: no transition runs and this env is unchanged.
+        Pass a result to :meth:`advance` to continue that branch."""
         if not self.agents:
             raise ValueError("the episode has ended (or reset() was never called); call reset() first")
         for actions in joint_actions:
             self._check_actions(actions)
         if not joint_actions:
             return []
-        scored = self._score(joint_actions)
-        branches = []
-        for actions, (value, details) in zip(joint_actions, scored):
-            twin = self.fork()
-            branches.append(Branch(twin, *twin._advance(actions, value, details)))
-        return branches
+        return self._scored(joint_actions)
+
+    def advance(self, scored: ScoredStep) -> Branch:
+        """A fork of this env stepped with ``scored``'s joint answer (from :meth:`step_rewards`
+        on this state); the external transition runs now, unless the episode ends. This env is
+        left unchanged."""
+        before = scored.history[:-1]
+        if len(before) != len(self.history) or any(a is not b for a, b in zip(before, self.history)) or not self.agents:
+            raise ValueError("advance() needs a ScoredStep that step_rewards() returned for this env's current state")
+        observations = self._next_observations(scored)
+        twin = self.fork()
+        return Branch(twin, *twin._commit(scored, observations))
 
     # --- internals --------------------------------------------------------------------------
 
@@ -242,31 +278,52 @@ class DialogueEnv(ParallelEnv):
                 )
         return {a: observations[a] for a in self.possible_agents}
 
-    def _advance(self, actions: Mapping[str, str], value: float, details: dict[str, Any]):
-        turn = Turn(self._observations, {a: actions[a] for a in self.agents}, value, details)
-        history = self.history + (turn,)
-        done = len(history) >= self.task.num_turns
-        if not done:
-            try:
-                done = bool(self.task.is_done(self.item, history))
-            except Exception as exc:
-                raise TaskError(f"{self._where()}: is_done raised {type(exc).__name__}: {exc}") from exc
-        if done:
-            observations = {a: "" for a in self.agents}
-        else:
-            observations = self._checked_observations(
-                lambda: self.task.transition(self.item, dict(turn.actions), history), "transition"
+    def _scored(self, joint_actions: Sequence[Mapping[str, str]]) -> list[ScoredStep]:
+        """Score checked joint answers and decide, for each, whether the episode ends."""
+        played, agents = self.turn, list(self.agents)
+        results = []
+        for actions, (value, details) in zip(joint_actions, self._score(joint_actions)):
+            turn = Turn(self._observations, {a: actions[a] for a in agents}, value, details)
+            history = self.history + (turn,)
+            done = self.task.num_turns is not None and len(history) >= self.task.num_turns
+            if not done:
+                try:
+                    done = bool(self.task.is_done(self.item, history))
+                except Exception as exc:
+                    raise TaskError(f"{self._where()}: is_done raised {type(exc).__name__}: {exc}") from exc
+            infos = {a: {"turn": played, "index": self.item_index, "reward_details": dict(details)} for a in agents}
+            results.append(
+                ScoredStep(
+                    dict(turn.actions),
+                    {a: value for a in agents},
+                    {a: done for a in agents},
+                    {a: False for a in agents},
+                    infos,
+                    history,
+                )
             )
-        played = self.turn
-        agents = self.agents
-        self.history = history
+        return results
+
+    def _next_observations(self, scored: ScoredStep) -> dict[str, str]:
+        """The prompts after ``scored``: the task's transition, or empty strings when it ends."""
+        if any(scored.terminations.values()):
+            return {a: "" for a in scored.actions}
+        history = scored.history
+        return self._checked_observations(
+            lambda: self.task.transition(self.item, dict(history[-1].actions), history), "transition"
+        )
+
+    def _commit(self, scored: ScoredStep, observations: dict[str, str]):
+        """Make ``scored`` this env's last turn; returns the five dicts of ``step``."""
+        agents = list(scored.actions)
+        done = any(scored.terminations.values())
+        self.history = scored.history
         self._observations = observations
-        self.agents = [] if done else list(agents)
-        infos = {a: {"turn": played, "index": self.item_index, "reward_details": dict(details)} for a in agents}
+        self.agents = [] if done else agents
         return (
             dict(observations),
-            {a: value for a in agents},
-            {a: done for a in agents},
-            {a: False for a in agents},
-            infos,
+            dict(scored.rewards),
+            dict(scored.terminations),
+            dict(scored.truncations),
+            {a: {**info, "reward_details": dict(info["reward_details"])} for a, info in scored.infos.items()},
         )

@@ -3,10 +3,15 @@
 One tree per dataset item; a node is one turn of one branch. Trees grow level by level: at each
 depth every agent makes ONE policy call over the observations of all open nodes of all trees,
 asking for K answers each. Joint actions are the K aligned tuples or the K^N cross product; every
-joint action is stepped on a fork of the node's environment (batched through
-``step_branches`` where the env has it), earns the shared reward, and — unless the node is
-early-terminated, on the last turn, or its branch ended — gets a child holding the env's next
-observations. Returns are computed bottom-up with discount gamma.
+joint action earns the shared reward, and — unless the node is early-terminated, on the last
+turn, or its branch ended — gets a child holding the env's next observations. Returns are
+computed bottom-up with discount gamma.
+
+Transitions run only for branches that get a child: an env with ``step_rewards`` and ``advance``
+(:class:`~llm_marl.envs.DialogueEnv`) scores all joint actions of a node first (batched), and
+only the expanded ones are advanced, so an early-terminated node, the last turn and ended
+branches cost no transition. Other envs are stepped eagerly, one fork per joint action
+(``step_branches`` where they have it), since their ``step`` does both at once.
 
 Randomness: with a ``seed``, every node gets its own seed derived from (seed, item index, path of
 joint-action indices from the root), and policies whose ``sample`` accepts ``generators=`` (e.g.
@@ -151,6 +156,30 @@ def step_joint(env: ParallelEnv, joint: Sequence[Mapping[str, str]]) -> list[tup
     return results
 
 
+class _Stepper:
+    """One node's joint actions, scored; ``child(j)`` gives branch j's (env, next observations).
+
+    Lazy for envs with ``step_rewards`` + ``advance`` (the transition runs in ``child``), eager
+    for the others (every fork is stepped up front)."""
+
+    def __init__(self, env: ParallelEnv, joint: Sequence[Mapping[str, Any]]):
+        self.env = env
+        self.lazy = callable(getattr(env, "step_rewards", None)) and callable(getattr(env, "advance", None))
+        if self.lazy:
+            self.scored = env.step_rewards(joint)
+            self.results = [tuple(s)[1:5] for s in self.scored]  # rewards, terminations, truncations, infos
+        else:
+            self.stepped = step_joint(env, joint)
+            self.results = [tuple(s)[2:6] for s in self.stepped]
+
+    def child(self, j: int) -> tuple[ParallelEnv, Mapping[str, Any]]:
+        if self.lazy:
+            twin, observations, *_ = self.env.advance(self.scored[j])
+        else:
+            twin, observations, *_ = self.stepped[j]
+        return twin, observations
+
+
 def shared_reward(rewards: Mapping[str, float], agents: Sequence[str], where: str) -> float:
     values = [float(rewards[a]) for a in agents]
     bad = [(a, v) for a, v in zip(agents, values) if not math.isfinite(v)]
@@ -232,14 +261,14 @@ def grow_trees(
             ]
             where = f"item {node.index}, turn {depth}"
             try:
-                stepped = step_joint(open_node.env, joint)
+                stepper = _Stepper(open_node.env, joint)
             except TaskError as exc:
                 if not skip_errors:
                     raise
                 root.error = str(exc)
                 continue
-            node.rewards = [shared_reward(rewards, agents, where) for _, _, rewards, *_ in stepped]
-            node.details = [_details(infos, agents) for *_, infos in stepped]
+            node.rewards = [shared_reward(rewards, agents, where) for rewards, *_ in stepper.results]
+            node.details = [_details(infos, agents) for *_, infos in stepper.results]
             node.children = [None] * len(combos)
             stop = (
                 early_termination_threshold is not None
@@ -247,9 +276,16 @@ def grow_trees(
             )
             if stop or depth == num_turns - 1:
                 continue
-            for j, (twin, observations, _, terminations, truncations, _) in enumerate(stepped):
+            for j, (_, terminations, truncations, _) in enumerate(stepper.results):
                 if any(terminations.get(a, False) or truncations.get(a, False) for a in agents):
                     continue
+                try:
+                    twin, observations = stepper.child(j)
+                except TaskError as exc:
+                    if not skip_errors:
+                        raise
+                    root.error = str(exc)
+                    break
                 child = RolloutNode(depth + 1, node.index, dict(observations), cross_aggregation=cross_aggregation)
                 child.seed = None if node.seed is None else derive_seed(node.seed, "child", j)
                 node.children[j] = child
