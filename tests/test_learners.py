@@ -135,7 +135,7 @@ def test_optimizer_steps_per_epoch(items, buffer_size, batch_size):
     trainer = MAGRPOTrainer(env=DialogueEnv(Ledger(items)), policies=policies, args=args)
     counts = count_steps(trainer)
     trainer.train()
-    per_epoch = expected_steps_per_epoch(3 * items, buffer_size, args.train_batch_size)
+    per_epoch = expected_steps_per_epoch(3 * items, buffer_size, args.resolved_train_batch_size)
     assert trainer.state.global_step == epochs * per_epoch
     assert counts == {"a": epochs * per_epoch, "b": epochs * per_epoch}
     for policy in policies.values():
@@ -143,7 +143,7 @@ def test_optimizer_steps_per_epoch(items, buffer_size, batch_size):
         # every sample is consumed exactly once per epoch, in mini-batches of <= train_batch_size
         sizes = [len(obs) // 2 for obs in policy.scored]
         assert sum(sizes) == epochs * 3 * items
-        assert max(sizes) <= args.train_batch_size
+        assert max(sizes) <= args.resolved_train_batch_size
 
 
 def _item_turn(observation):
@@ -231,7 +231,7 @@ SPEC_DEFAULTS = dict(
     cross_aggregation="sum",
     early_termination_threshold=-0.2,
     rollout_buffer_size=2,
-    train_batch_size=2,  # None -> rollout_buffer_size
+    train_batch_size=None,  # means rollout_buffer_size wherever it is used
     advantage_normalization=True,
     advantage_mode="mean",
     eval_interval=16,
@@ -254,7 +254,8 @@ def test_config_defaults(config_class, mode):
     for name, value in SPEC_DEFAULTS.items():
         expected = mode if name == "advantage_mode" else value
         assert getattr(config, name) == expected, name
-    assert config_class(rollout_buffer_size=6).train_batch_size == 6
+    assert config_class().resolved_train_batch_size == 2
+    assert config_class(rollout_buffer_size=6).resolved_train_batch_size == 6
     assert config_class(joint_mode="crossed").joint_mode == "cross"
 
 
@@ -523,12 +524,13 @@ def test_nan_reward_from_a_plain_env_raises_naming_the_item():
 
 def documented_metric_names(agents, num_turns):
     """Metric names from the table in learners/logging.py, instantiated for these agents/turns
-    (kl_mean needs the reference KL and eval/<custom> the eval hooks: both left out)."""
+    (kl_mean needs the reference KL, eval/<custom> the eval hooks, eval/skipped_items
+    reward_error_policy="skip": all left out)."""
     names = re.findall(r"^``([^`]+)``", run_logging.__doc__, flags=re.M)
     assert names, "the metric table of learners/logging.py was not found"
     out = set()
     for name in names:
-        if "kl_mean" in name or "<custom>" in name:
+        if "kl_mean" in name or "<custom>" in name or name == "eval/skipped_items":
             continue
         for k in range(1, num_turns + 1):
             for agent in agents:

@@ -13,6 +13,10 @@ Choices where the anchor library is silent or differs:
   ``args``; models are placed on ``args.agent_devices`` when given.
 - ``agent_model`` given as a loaded model is deep-copied once per agent, so agents never share
   weights; ``num_agents`` (keyword) defaults to ``args.num_agents`` and must agree with it.
+  ``agents=[m, m]`` (one loaded model object for several agents) raises ``ValueError`` naming
+  the agents: they would train one set of weights; pass copies, or ``agent_model=m``.
+- Without ``eval_dataset`` there is nothing to evaluate: ``evaluate()`` warns once and returns
+  ``{}`` (CoMLRL returns nothing there); training items are never evaluated as eval items.
 - ``model_config`` keys: ``dtype`` (or ``torch_dtype``), ``attn_implementation``, and
   ``special_tokens`` (a dict passed to ``tokenizer.add_special_tokens``; embeddings are resized).
 - ``wandb_config`` is accepted and ignored with a warning: runs log to TensorBoard in
@@ -77,6 +81,8 @@ def build_from_anchor_kwargs(
     if agents is not None and num_agents is not None and num_agents != len(agents):
         raise ValueError(f"num_agents={num_agents} but agents= lists {len(agents)} models")
     sources = list(agents) if agents is not None else [agent_model] * count
+    if agents is not None:
+        _check_distinct_models(sources)
     tokenizers = _tokenizers(tokenizer, sources)
     models = [_load_model(source, i, model_config or {}, shared=agents is None) for i, source in enumerate(sources)]
     _add_special_tokens(models, tokenizers, (model_config or {}).get("special_tokens"))
@@ -111,6 +117,19 @@ def build_from_anchor_kwargs(
     env = DialogueEnv(task, split="train")
     eval_env = DialogueEnv(task, split="eval") if eval_dataset is not None and len(eval_dataset) else None
     return AnchorBuild(env, eval_env, policies, tokenizers, eval_logger, eval_aggregator)
+
+
+def _check_distinct_models(sources: list[Any]) -> None:
+    first: dict[int, int] = {}
+    for i, source in enumerate(sources):
+        if isinstance(source, str):
+            continue
+        j = first.setdefault(id(source), i)
+        if j != i:
+            raise ValueError(
+                f"agents[{j}] and agents[{i}] (agent_{j} and agent_{i}) are the same model object: they would "
+                f"train one set of weights; pass a copy per agent (copy.deepcopy), or agent_model= (copied per agent)"
+            )
 
 
 def _tokenizers(tokenizer: Any, sources: list[Any]) -> list[Any]:

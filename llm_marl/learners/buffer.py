@@ -91,6 +91,15 @@ class RolloutBuffer:
     def append(self, sample: Sample) -> None:
         self.samples.append(sample)
 
+    def batches(self, batch_size: int) -> list[list[Sample]]:
+        """The buffer as consecutive mini-batches of at most ``batch_size`` samples; it keeps them
+        until :meth:`discard` (so a failed update loses nothing)."""
+        return [self.samples[start : start + batch_size] for start in range(0, len(self.samples), batch_size)]
+
+    def discard(self, count: int) -> None:
+        """Drop the ``count`` oldest samples (a mini-batch that was trained on)."""
+        del self.samples[:count]
+
     def drain(self, batch_size: int) -> Iterator[list[Sample]]:
         """Empty the buffer as consecutive mini-batches of at most ``batch_size`` samples."""
         samples, self.samples = self.samples, []

@@ -3,12 +3,19 @@
 The four configs share every field and differ only in the default ``advantage_mode``. Fields
 beyond the specification follow Hugging Face ``TrainingArguments`` names where one exists
 (``seed``, ``output_dir``, ``save_steps``, ``save_total_limit``, ``max_grad_norm``,
-``weight_decay``). Invalid values raise ``ValueError`` naming the field at construction time.
+``weight_decay``). Invalid values raise ``ValueError`` naming the field at construction time,
+and again when a trainer is built (:meth:`MAGRPOConfig.validate`), so a config changed after
+construction (``args.x = ...`` or ``dataclasses.replace``) is checked too.
+
+``train_batch_size=None`` stays None in the config and means "``rollout_buffer_size``" wherever
+it is used (:attr:`MAGRPOConfig.resolved_train_batch_size`), so
+``dataclasses.replace(cfg, rollout_buffer_size=8)`` gets mini-batches of 8.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -108,20 +115,27 @@ class MAGRPOConfig:
     """Show a tqdm progress bar during training."""
 
     def __post_init__(self) -> None:
+        self.validate()
+
+    @property
+    def resolved_train_batch_size(self) -> int:
+        """Samples per optimizer step: ``train_batch_size``, or ``rollout_buffer_size`` when None."""
+        return self.rollout_buffer_size if self.train_batch_size is None else self.train_batch_size
+
+    def normalize(self) -> None:
+        """Spell values canonically: "crossed" -> "cross", one device string -> one per agent."""
         if self.joint_mode == "crossed":
             self.joint_mode = "cross"
-        if self.train_batch_size is None:
-            self.train_batch_size = self.rollout_buffer_size
         for name in ("agent_devices", "reference_devices"):
             devices = getattr(self, name)
             if isinstance(devices, str):
                 setattr(self, name, [devices] * self.num_agents)
-            elif devices is not None:
+            elif devices is not None and not isinstance(devices, list):
                 setattr(self, name, list(devices))
-        self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError naming the first invalid field."""
+        """Normalize (see :meth:`normalize`), then raise ValueError naming the first invalid field."""
+        self.normalize()
         _at_least(self, "num_agents", 1)
         _at_least(self, "num_turns", 1)
         _at_least(self, "num_train_epochs", 0)
@@ -129,7 +143,8 @@ class MAGRPOConfig:
         _at_least(self, "num_generations", 2)
         _at_least(self, "max_new_tokens", 1)
         _at_least(self, "rollout_buffer_size", 1)
-        _at_least(self, "train_batch_size", 1)
+        if self.train_batch_size is not None:
+            _at_least(self, "train_batch_size", 1)
         _at_least(self, "eval_interval", 0)
         _at_least(self, "eval_num_samples", 0)
         _at_least(self, "eval_batch_size", 1)
@@ -149,6 +164,12 @@ class MAGRPOConfig:
         _one_of(self, "reward_error_policy", ERROR_POLICIES)
         _positive(self, "agent_learning_rate")
         _positive(self, "temperature")
+        if self.early_termination_threshold is not None:
+            _finite(self, "early_termination_threshold")
+        for name in ("discount", "top_p", "reference_kl_coef", "weight_decay"):
+            _finite(self, name)
+        if self.max_grad_norm is not None:
+            _finite(self, "max_grad_norm")
         if not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 0):
@@ -180,6 +201,12 @@ def _at_least(config: Any, name: str, low: int) -> None:
     value = getattr(config, name)
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _finite(config: Any, name: str) -> None:
+    value = getattr(config, name)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be a finite number, got {value!r}")
 
 
 def _positive(config: Any, name: str) -> None:

@@ -15,6 +15,7 @@ Metric names (``k`` is the 1-based turn, ``A`` an agent name):
 ``train/skipped_items``             items dropped by reward_error_policy="skip" (cumulative)
 ``eval/turn_k/reward_mean``         mean reward at turn k over the evaluated items
 ``eval/turn_k/expected_return``     mean sum of rewards from turn k on
+``eval/skipped_items``              eval items dropped in that run (reward_error_policy="skip")
 ``eval/<custom>``                   what eval_aggregator returns, keys "turn_k/..."
 ==================================  ===========================================================
 

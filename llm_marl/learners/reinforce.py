@@ -28,6 +28,7 @@ import math
 import os
 import random
 import time
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
@@ -38,11 +39,13 @@ from pettingzoo import ParallelEnv
 
 from llm_marl.learners.advantages import k3_kl, sample_losses
 from llm_marl.learners.buffer import RolloutBuffer, Sample, samples_from_trees
+from llm_marl.learners.checks import check_horizon, check_policies, env_horizon
 from llm_marl.learners.distributed import DistributedContext
 from llm_marl.learners.config import MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig
 from llm_marl.learners.logging import RunLogger
 from llm_marl.learners.tree import RolloutNode, collect_trees, derive_seed, grow_trees, iter_nodes
 from llm_marl.policies.base import Completion, Policy, token_log_probs_of
+from llm_marl.tasks.base import TaskError
 
 
 def default_optimizer(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -93,6 +96,16 @@ class TrainerState:
     """Path of the newest complete checkpoint."""
 
 
+@dataclass
+class _Backward:
+    """One agent's scored mini-batch: its loss and gradient norm, or why it cannot be stepped."""
+
+    loss: float
+    grad_norm: float
+    log_prob_mean: float | None
+    error: str | None
+
+
 class MAGRPOTrainer:
     """Multi-agent GRPO: baseline = mean of the group's K returns (see the module docstring)."""
 
@@ -110,12 +123,18 @@ class MAGRPOTrainer:
         eval_aggregator: Callable[..., dict[str, float]] | None = None,
         **anchor_kwargs: Any,
     ):
-        if args is None:
+        if args is None and env is not None and not anchor_kwargs:
+            # a default config fits the env: its agent count and, where it declares one, its horizon
+            env = _instantiate(env, "env")
+            horizon = env_horizon(env)
+            args = self.config_class(num_agents=len(env.possible_agents), **({"num_turns": horizon} if horizon else {}))
+        elif args is None:
             count = len(anchor_kwargs["agents"]) if anchor_kwargs.get("agents") is not None else anchor_kwargs.get("num_agents")
             args = self.config_class(num_agents=count) if count is not None else self.config_class()
         self.args = args
         if not isinstance(self.args, MAGRPOConfig):
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(self.args).__name__}")
+        self.args.validate()  # again: the config may have been changed since it was constructed
         if anchor_kwargs or env is None:
             from llm_marl.learners.anchor_compat import build_from_anchor_kwargs
 
@@ -129,13 +148,23 @@ class MAGRPOTrainer:
             eval_aggregator = eval_aggregator or built.eval_aggregator
             self.tokenizers = built.tokenizers
         self.env = _instantiate(env, "env")
-        self.eval_env = _instantiate(eval_env, "eval_env") if eval_env is not None else _eval_split(self.env)
+        self.no_eval_reason: str | None = None
+        """Why there is nothing to evaluate on (then evaluate() warns once and returns {})."""
+        if eval_env is not None:
+            self.eval_env = _instantiate(eval_env, "eval_env")
+        else:
+            self.eval_env, self.no_eval_reason = _eval_split(self.env)
+        self._warned: set[str] = set()
         self.agents = list(self.env.possible_agents)
         if self.args.num_agents != len(self.agents):
             raise ValueError(
                 f"num_agents is {self.args.num_agents} but the env has {len(self.agents)} agents {self.agents}"
             )
+        check_horizon(self.env, self.args.num_turns, "env")
+        if self.eval_env is not None:
+            check_horizon(self.eval_env, self.args.num_turns, "eval_env")
         self.policies = _by_agent(policies, self.agents, "policies")
+        check_policies(self.policies)
         if self.args.agent_devices is not None:
             for agent, device in zip(self.agents, self.args.agent_devices):
                 if hasattr(self.policies[agent], "to"):
@@ -212,19 +241,50 @@ class MAGRPOTrainer:
     def evaluate(self) -> dict[str, float]:
         """Play ``eval_num_samples`` eval items once each (one answer per agent per turn, no early
         termination) and return — and log — ``eval/turn_k/reward_mean`` and
-        ``eval/turn_k/expected_return``, plus the eval hooks' metrics when both are given."""
+        ``eval/turn_k/expected_return``, plus the eval hooks' metrics when both are given.
+
+        Evaluation plays the ``eval_env`` passed to the constructor, else the eval split of a
+        :class:`~llm_marl.envs.DialogueEnv`'s task — never the training items unless the training
+        env is passed as ``eval_env`` on purpose. Without either (no eval split, the task's
+        ``dataset("eval")`` raised or is empty, or a foreign env), it warns once why and returns
+        ``{}``, logging nothing — also when called by the periodic schedule. With
+        ``reward_error_policy="skip"`` an eval item whose task raised is dropped, printed and
+        counted in ``eval/skipped_items``.
+        """
         args = self.args
-        env = self.eval_env if self.eval_env is not None else self.env
-        count = min(args.eval_num_samples, _num_items(env))
+        env = self.eval_env
+        if env is None:
+            self._warn_once("no-eval", f"evaluation skipped: {self.no_eval_reason}")
+            return {}
+        available = _num_items(env)
+        if args.eval_num_samples > available:
+            self._warn_once(
+                "eval-size",
+                f"eval_num_samples is {args.eval_num_samples} but the eval data has {available} items; "
+                f"evaluating on all {available}",
+            )
+        count = min(args.eval_num_samples, available)
+        skip = args.reward_error_policy == "skip"
         roots: list[RolloutNode] = []
         for start in range(0, count, args.eval_batch_size):
             indices = list(range(start, min(start + args.eval_batch_size, count)))
-            roots += grow_trees(env, self.policies, indices, num_samples=1, num_turns=args.num_turns)
+            roots += grow_trees(env, self.policies, indices, num_samples=1, num_turns=args.num_turns, skip_errors=skip)
+        failed = [root for root in roots if root.error is not None]
+        for root in failed:
+            print(f"[llm_marl] skipped eval item {root.index}: {root.error}")
+        roots = [root for root in roots if root.error is None]
         metrics = episode_metrics(roots, args.num_turns, prefix="eval")
-        if self.eval_logger is not None and self.eval_aggregator is not None:
+        if skip:
+            metrics["eval/skipped_items"] = float(len(failed))
+        if self.eval_logger is not None and self.eval_aggregator is not None and roots:
             metrics.update(self._hook_metrics(env, roots))
         self.logger.log(metrics, self.state.batch_step)
         return metrics
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, stacklevel=3)
 
     def save_model(self, output_dir: str) -> None:
         """Write each agent's policy to ``output_dir/agent_{i}`` (``save_pretrained`` where the
@@ -245,7 +305,10 @@ class MAGRPOTrainer:
         if self.dist.enabled:
             torch.manual_seed(derive_seed(args.seed, "rank", self.dist.rank, self.state.batch_step))
         started = time.perf_counter()
-        roots = collect_trees(self.env, self.policies, indices, args, seed=self._rollout_seed()) if indices else []
+        try:
+            roots = collect_trees(self.env, self.policies, indices, args, seed=self._rollout_seed()) if indices else []
+        except (TaskError, ValueError) as exc:
+            raise self._in_training(exc, f"a reward shared by agents {self.agents}") from exc
         elapsed = time.perf_counter() - started
         failed = [root for root in roots if root.error is not None]
         if failed:
@@ -253,14 +316,17 @@ class MAGRPOTrainer:
             for root in failed:
                 print(f"[llm_marl] skipped item {root.index}: {root.error}")
         roots = [root for root in roots if root.error is None]
-        samples = samples_from_trees(
-            roots,
-            self.agents,
-            advantage_mode=args.advantage_mode,
-            normalize=args.advantage_normalization,
-            kl_penalty=self._kl_penalty if self.reference_policies is not None else None,
-            kl_coef=args.reference_kl_coef,
-        )
+        try:
+            samples = samples_from_trees(
+                roots,
+                self.agents,
+                advantage_mode=args.advantage_mode,
+                normalize=args.advantage_normalization,
+                kl_penalty=self._kl_penalty if self.reference_policies is not None else None,
+                kl_coef=args.reference_kl_coef,
+            )
+        except FloatingPointError as exc:
+            raise self._in_training(exc, "a return") from exc
         num_agents = len(self.agents)
         for start in range(0, len(samples), num_agents):
             for sample in samples[start : start + num_agents]:
@@ -281,14 +347,30 @@ class MAGRPOTrainer:
         for name, value in metrics.items():
             self._note(name, value)
 
+    def _in_training(self, exc: Exception, what: str) -> Exception:
+        """``exc`` again, its message completed with where training stands (rollout errors
+        name item and turn; this adds the agents and the optimizer step they were collected for)."""
+        if type(exc) not in (TaskError, ValueError, FloatingPointError):
+            return exc
+        return type(exc)(
+            f"{exc} [{what}, collected for optimizer step {self.state.global_step + 1} "
+            f"(dataset batch {self.state.batch_step}){self._last_good()}]"
+        )
+
     def _buffers_full(self) -> bool:
         return all(len(self.buffers[a]) >= self.args.rollout_buffer_size for a in self.agents)
 
     def _update(self) -> None:
         """Consume every agent's buffer in mini-batches of train_batch_size, one optimizer step each.
 
+        All-or-nothing across agents: mini-batch i of every agent is scored and its loss and
+        gradient checked before any agent's optimizer steps. A non-finite loss or gradient raises
+        ``FloatingPointError`` and leaves every agent's weights and optimizer state, the samples
+        not yet trained on (still in the buffers) and ``global_step`` as they were before that
+        step; steps before it stand. Gradients of all agents are held at once for this.
+
         Distributed: every rank takes the same number of steps (the most any rank needs); a rank
-        out of samples contributes zero gradient. parallel_training="mp": agents update
+        out of samples contributes zero gradient. parallel_training="mp": agents are scored
         concurrently, each on its own device.
         """
         if not self.dist.max(int(any(len(buffer) for buffer in self.buffers.values()))):
@@ -298,24 +380,56 @@ class MAGRPOTrainer:
                 policy = self.policies[agent]
                 if hasattr(policy, "pending_observations"):
                     policy.add_observations(self.dist.union(policy.pending_observations()))
-        batches = {agent: list(self.buffers[agent].drain(self.args.train_batch_size)) for agent in self.agents}
+        size = self.args.resolved_train_batch_size
+        batches = {agent: self.buffers[agent].batches(size) for agent in self.agents}
         counts = {agent: self.dist.max(len(batches[agent])) for agent in self.agents}
-
-        def update(agent: str) -> None:
-            if agent in self.optimizers:
-                for i in range(counts[agent]):
-                    self._optimizer_step(agent, batches[agent][i] if i < len(batches[agent]) else [])
-
-        if self.args.parallel_training == "mp" and not self.dist.enabled:
-            with ThreadPoolExecutor(max_workers=len(self.agents)) as pool:
-                list(pool.map(update, self.agents))
-        else:
+        for i in range(max(counts.values())):
+            step = {
+                agent: batches[agent][i] if i < len(batches[agent]) else []
+                for agent in self.agents
+                if agent in self.optimizers and i < counts[agent]
+            }
+            self._joint_optimizer_step(step)
             for agent in self.agents:
-                update(agent)
-        self.state.global_step += max(counts.values())
+                if i < len(batches[agent]):
+                    self.buffers[agent].discard(len(batches[agent][i]))
+            self.state.global_step += 1
 
-    def _optimizer_step(self, agent: str, batch: list[Sample]) -> None:
-        """One AdamW step on the mean sample loss of ``batch`` (of the union of the ranks' batches)."""
+    def _joint_optimizer_step(self, step: dict[str, list[Sample]]) -> None:
+        """One optimizer step of every agent in ``step`` (agent -> mini-batch), or of none."""
+        agents = list(step)
+        concurrent = self.args.parallel_training == "mp" and not self.dist.enabled and len(agents) > 1
+        results: list[_Backward] = []
+        try:
+            if concurrent:
+                with ThreadPoolExecutor(max_workers=len(agents)) as pool:
+                    results = list(pool.map(lambda agent: self._backward(agent, step[agent]), agents))
+            else:
+                for agent in agents:  # stops at the first failure: the decision is the same on every rank
+                    results.append(self._backward(agent, step[agent]))
+                    if results[-1].error:
+                        break
+            failed = next((r.error for r in results if r.error), None)
+            if failed:
+                raise FloatingPointError(
+                    f"{failed}; no agent was updated (weights, optimizer states, buffered samples and "
+                    f"global_step are as before this step){self._last_good()}"
+                )
+        except BaseException:
+            for agent in agents:
+                self.optimizers[agent].zero_grad(set_to_none=True)
+            raise
+        for agent, result in zip(agents, results):
+            self.optimizers[agent].step()
+            self.optimizers[agent].zero_grad(set_to_none=True)
+            self._note(f"train/{agent}/loss", result.loss)
+            self._note(f"train/{agent}/grad_norm", result.grad_norm)
+            if result.log_prob_mean is not None:
+                self._note(f"train/{agent}/logprob_mean", result.log_prob_mean)
+
+    def _backward(self, agent: str, batch: list[Sample]) -> "_Backward":
+        """Gradient of the mean sample loss of ``batch`` (of the union of the ranks' batches) in
+        the agent's parameters, summed over ranks and clipped; nothing is stepped."""
         policy, optimizer, params = self.policies[agent], self.optimizers[agent], self.trainable[agent]
         total = self.dist.sum(len(batch))
         optimizer.zero_grad(set_to_none=True)
@@ -334,19 +448,12 @@ class MAGRPOTrainer:
         loss = self.dist.sum(local.item())
         where = f"agent {agent!r}, optimizer step {self.state.global_step + 1}, items {sorted({s.index for s in batch})}"
         if not math.isfinite(loss):
-            optimizer.zero_grad(set_to_none=True)
-            raise FloatingPointError(f"{where}: loss is {loss}{self._last_good()}")
+            return _Backward(loss, math.nan, log_prob_mean, f"{where}: loss is {loss}")
         self.dist.sum_gradients(params)
-        grad_norm = _grad_norm(params, self.args.max_grad_norm)
-        if not torch.isfinite(grad_norm):
-            optimizer.zero_grad(set_to_none=True)
-            raise FloatingPointError(f"{where}: gradient norm is {grad_norm.item()}{self._last_good()}")
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        self._note(f"train/{agent}/loss", loss)
-        self._note(f"train/{agent}/grad_norm", grad_norm.item())
-        if log_prob_mean is not None:
-            self._note(f"train/{agent}/logprob_mean", log_prob_mean)
+        grad_norm = _grad_norm(params, self.args.max_grad_norm).item()
+        if not math.isfinite(grad_norm):
+            return _Backward(loss, grad_norm, log_prob_mean, f"{where}: gradient norm is {grad_norm}")
+        return _Backward(loss, grad_norm, log_prob_mean, None)
 
     def _rollout_seed(self) -> int:
         """The seed of this epoch's rollout trees: each tree's randomness depends only on it and
@@ -478,17 +585,28 @@ def _instantiate(env: Any, name: str) -> ParallelEnv:
     raise TypeError(f"{name} must be a pettingzoo.ParallelEnv or a zero-argument factory, got {type(env).__name__}")
 
 
-def _eval_split(env: ParallelEnv) -> ParallelEnv | None:
-    """The eval split of a plain DialogueEnv's task, or None (wrapped and foreign envs are
-    evaluated on themselves unless an eval_env is given)."""
+def _eval_split(env: ParallelEnv) -> tuple[ParallelEnv | None, str | None]:
+    """The eval split of a plain DialogueEnv's task, or (None, why there is none). Wrapped and
+    foreign envs have no split to take: they are evaluated only on an explicit ``eval_env``."""
     from llm_marl.envs.dialogue import DialogueEnv
 
+    hint = (
+        "pass eval_env= (the training env itself, if you mean to evaluate on training items), "
+        "or eval_dataset= with the drop-in constructor"
+    )
     if type(env) is not DialogueEnv:
-        return None
+        return None, f"the env is a {type(env).__name__}, not a DialogueEnv, so it has no eval split; {hint}"
+    name = env.task.task_name
     try:
-        return DialogueEnv(env.task, split="eval")
-    except (ValueError, KeyError, NotImplementedError):
-        return None
+        data = env.task.dataset("eval")
+    except Exception as exc:  # noqa: BLE001 - any failure means: no eval split
+        return None, f"task {name}: dataset('eval') raised {type(exc).__name__}: {exc}; {hint}"
+    if data is None or len(data) == 0:
+        return None, f"task {name}: the eval split is empty; {hint}"
+    try:
+        return DialogueEnv(env.task, split="eval"), None
+    except Exception as exc:  # noqa: BLE001
+        return None, f"task {name}: the eval split cannot be played ({type(exc).__name__}: {exc}); {hint}"
 
 
 def _num_items(env: ParallelEnv) -> int:
