@@ -260,7 +260,8 @@ class MAGRPOTrainer:
         if args.eval_num_samples > available:
             self._warn_once(
                 "eval-size",
-                f"eval_num_samples is {args.eval_num_samples} but the eval data has {available} items; "
+                f"eval_num_samples is {args.eval_num_samples} but the eval data has {available} "
+                f"item{'s' if available != 1 else ''}; "
                 f"evaluating on all {available}",
             )
         count = min(args.eval_num_samples, available)

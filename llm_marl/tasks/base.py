@@ -68,13 +68,16 @@ History = Sequence[Turn]
 class CooperativeTask:
     """Base class of every task.
 
-    Subclasses set ``agents`` (names, in order) and ``num_turns`` (horizon H, >= 1) and implement
-    :meth:`dataset`, :meth:`initial_observations`, :meth:`reward` and :meth:`transition`.
+    Subclasses set ``agents`` (names, in order) and ``num_turns`` (horizon H, >= 1; default 1)
+    and implement :meth:`dataset`, :meth:`initial_observations`, :meth:`reward` and
+    :meth:`transition`. A trainer's ``num_turns`` must equal the task's; ``num_turns = None``
+    declares no horizon (only :meth:`is_done` ends an episode, and a trainer plays its own
+    ``num_turns``).
     ``name`` (default: the class name) is used in error messages and rendering.
     """
 
     agents: tuple[str, ...] = ()
-    num_turns: int = 1
+    num_turns: int | None = 1
     name: str | None = None
 
     def dataset(self, split: str) -> datasets.Dataset:
