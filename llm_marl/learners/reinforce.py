@@ -309,7 +309,8 @@ class MAGRPOTrainer:
         try:
             roots = collect_trees(self.env, self.policies, indices, args, seed=self._rollout_seed()) if indices else []
         except (TaskError, ValueError) as exc:
-            raise self._in_training(exc, f"a reward shared by agents {self.agents}") from exc
+            self._in_training(exc, f"a reward shared by agents {self.agents}")
+            raise
         elapsed = time.perf_counter() - started
         failed = [root for root in roots if root.error is not None]
         if failed:
@@ -327,7 +328,8 @@ class MAGRPOTrainer:
                 kl_coef=args.reference_kl_coef,
             )
         except FloatingPointError as exc:
-            raise self._in_training(exc, "a return") from exc
+            self._in_training(exc, "a return")
+            raise
         num_agents = len(self.agents)
         for start in range(0, len(samples), num_agents):
             for sample in samples[start : start + num_agents]:
@@ -348,15 +350,15 @@ class MAGRPOTrainer:
         for name, value in metrics.items():
             self._note(name, value)
 
-    def _in_training(self, exc: Exception, what: str) -> Exception:
-        """``exc`` again, its message completed with where training stands (rollout errors
-        name item and turn; this adds the agents and the optimizer step they were collected for)."""
-        if type(exc) not in (TaskError, ValueError, FloatingPointError):
-            return exc
-        return type(exc)(
-            f"{exc} [{what}, collected for optimizer step {self.state.global_step + 1} "
-            f"(dataset batch {self.state.batch_step}){self._last_good()}]"
-        )
+    def _in_training(self, exc: Exception, what: str) -> None:
+        """Complete ``exc``'s message (rollout errors name item and turn) with where training
+        stands: the agents and the optimizer step the rollout was collected for. Type, cause and
+        traceback are kept."""
+        if len(exc.args) == 1 and isinstance(exc.args[0], str):
+            exc.args = (
+                f"{exc.args[0]} [{what}, collected for optimizer step {self.state.global_step + 1} "
+                f"(dataset batch {self.state.batch_step}){self._last_good()}]",
+            )
 
     def _buffers_full(self) -> bool:
         return all(len(self.buffers[a]) >= self.args.rollout_buffer_size for a in self.agents)
