@@ -102,13 +102,21 @@ def test_decode_loop_runs_each_prompt_once_then_one_forward_per_token(model_dir,
     assert forwards == [(2, max(widths[:2]))] + [(6, 1)] * 3 + [(1, widths[2])] + [(3, 1)] * 3
 
 
-def test_sampling_restores_mode_and_builds_no_graph(model_dir):
-    policy = make(model_dir, max_new_tokens=3).train()
-    policy.sample(PROMPTS[:1], 2)
-    assert policy.training
-    policy.eval()
-    policy.sample(PROMPTS[:1], 2)
-    assert not policy.training
+@pytest.mark.parametrize("use_hf_generate", [False, True])
+def test_sampling_restores_mode_and_builds_no_graph(model_dir, use_hf_generate):
+    policy = make(model_dir, max_new_tokens=3, use_hf_generate=use_hf_generate).train()
+    grad_modes = []
+    hook = policy.model.register_forward_hook(lambda module, inputs, output: grad_modes.append(torch.is_grad_enabled()))
+    try:
+        policy.sample(PROMPTS[:1], 2)
+        assert policy.training
+        assert grad_modes and not any(grad_modes), f"forwards ran with grad enabled: {grad_modes}"
+        policy.eval()
+        policy.sample(PROMPTS[:1], 2)
+        assert not policy.training
+    finally:
+        hook.remove()
+    assert torch.is_grad_enabled()  # sampling leaves the caller's grad mode alone
 
 
 def answers_of_different_lengths(policy):
@@ -258,6 +266,28 @@ def test_draw_matches_the_categorical_distribution(model_dir):
     policy.eos_token_ids = (0,)
     drawn = policy._draw(logits[:1000], ban_eos=True)
     assert (drawn != 0).all()
+
+
+@pytest.mark.parametrize("use_hf_generate", [False, True])
+@pytest.mark.parametrize("min_new_tokens", [0, 3])
+def test_min_new_tokens_with_eos_biased_logits(model_dir, min_new_tokens, use_hf_generate):
+    """A model that all but always says eos: every answer is min_new_tokens other tokens, then eos."""
+    policy = make(model_dir, max_new_tokens=8, min_new_tokens=min_new_tokens, use_hf_generate=use_hf_generate)
+    eos = policy.eos_token_ids[0]
+
+    def biased(module, inputs, logits):
+        logits = logits.clone()
+        logits[..., eos] += 1e4
+        return logits
+
+    hook = policy.model.get_output_embeddings().register_forward_hook(biased)
+    try:
+        torch.manual_seed(0)
+        answers = flat(policy.sample(PROMPTS, 4))
+    finally:
+        hook.remove()
+    assert [len(c.token_ids) for c in answers] == [min_new_tokens + 1] * len(answers)
+    assert all(c.token_ids[-1] == eos and eos not in c.token_ids[:-1] for c in answers)
 
 
 def test_min_new_tokens_forbids_an_early_eos(model_dir):

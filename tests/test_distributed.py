@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -80,6 +81,19 @@ def test_two_gloo_ranks_match_one_process_on_the_union(tmp_path):
             learned = distributed.probabilities(obs[agent])
             assert torch.allclose(learned, policy.probabilities(obs[agent]), atol=1e-6), (agent, obs[agent])
             assert (learned - 1 / 3).abs().max() > 0.01, "nothing was learned (still uniform)"
+
+    # The loss is the mean over the union of the ranks' samples: the logged loss and gradient norm
+    # equal the one process's (AdamW hides a gradient scaled by the world size; these do not).
+    with open(out / "metrics.jsonl") as f:
+        logged = [json.loads(line) for line in f]
+    names = [f"train/{agent}/{name}" for agent in rank0 for name in ("loss", "grad_norm")]
+    assert len(logged) == len(single.logger.history) == 6
+    for metrics, (step, expected) in zip(logged, single.logger.history):
+        assert metrics["step"] == step
+        for name in names:
+            assert metrics[name] == pytest.approx(expected[name], rel=1e-6, abs=1e-9), (name, step)
+    assert sum(m[name] > 0.1 for m in logged for name in names if name.endswith("grad_norm")) >= 10
+    assert sum(abs(m[name]) > 0.01 for m in logged for name in names if name.endswith("loss")) >= 3
 
     # Rank 0 alone wrote logs and checkpoints, into the one output_dir both ranks were given.
     written = sorted(os.listdir(out))

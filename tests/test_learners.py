@@ -328,10 +328,21 @@ def test_invalid_config_message_lists_allowed_values(kwargs, allowed):
 
 
 def test_valid_edge_values_are_accepted():
-    MAGRPOConfig(num_generations=2, num_turns=1, train_batch_size=1, reference_kl_coef=0.0, eval_interval=0)
-    MAGRPOConfig(parallel_training="mp", agent_devices=["cpu", "cpu"])
-    MAGRPOConfig(advantage_mode="raw", num_generations=2)
-    MAGRPOConfig(early_termination_threshold=None, top_k=None)
+    edge = dict(
+        num_generations=2, num_turns=1, train_batch_size=1, rollout_buffer_size=2, reference_kl_coef=0.0,
+        eval_interval=0, advantage_mode="raw", early_termination_threshold=None, top_k=None, discount=0.0,
+    )
+    args = MAGRPOConfig(**edge, num_train_epochs=1, progress_bar=False)
+    assert {name: getattr(args, name) for name in edge} == edge  # kept as given: nothing clamped or replaced
+    placed = MAGRPOConfig(parallel_training="mp", agent_devices=["cpu", "cpu"])
+    assert (placed.parallel_training, placed.agent_devices) == ("mp", ["cpu", "cpu"])
+    # and the trainer runs on them: K = 2 answers per node, one sample per optimizer step
+    policies = [RecordingTabular(["x", "y"]), RecordingTabular(["x", "y"])]
+    trainer = MAGRPOTrainer(env=DialogueEnv(Ledger(items=2, num_turns=1)), policies=policies, args=args)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    for agent, policy in zip("ab", policies):
+        assert policy.scored == [[f"{agent} n=0 t=0"] * 2, [f"{agent} n=1 t=0"] * 2]
 
 
 def test_num_agents_must_match_the_env():

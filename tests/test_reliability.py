@@ -112,6 +112,26 @@ def test_truncated_checkpoint_is_detected_and_previous_used(tmp_path):
         checkpoint.verify(previous)
 
 
+def test_a_flipped_byte_of_the_same_size_is_detected_by_its_sha256(tmp_path):
+    trainer = make_trainer(tmp_path, save_steps=1, max_steps=4)
+    trainer.train()
+    paths = checkpoint.list_checkpoints(str(tmp_path))
+    newest, previous = paths[-1], paths[-2]
+    checkpoint.verify(newest)
+    policy_file = os.path.join(newest, "agent_1", "policy.pt")
+    size = os.path.getsize(policy_file)
+    with open(policy_file, "r+b") as f:
+        f.seek(size // 2)
+        byte = f.read(1)
+        f.seek(size // 2)
+        f.write(bytes([byte[0] ^ 0x01]))
+    assert os.path.getsize(policy_file) == size
+    with pytest.raises(checkpoint.CheckpointError, match=r"agent_1/policy.pt is truncated or corrupted"):
+        checkpoint.verify(newest)
+    with pytest.warns(UserWarning, match="skipping unusable checkpoint"):
+        assert checkpoint.resolve(True, str(tmp_path)) == previous
+
+
 def test_temporary_folder_never_looks_like_a_checkpoint(tmp_path):
     os.makedirs(tmp_path / ".tmp-checkpoint-9-123")
     assert checkpoint.list_checkpoints(str(tmp_path)) == []

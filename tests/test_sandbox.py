@@ -14,12 +14,14 @@ import socket
 import stat
 import sys
 import textwrap
+import threading
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from llm_marl.tasks import sandbox as sandbox_module
 from llm_marl.tasks.sandbox import (
     LoadError,
     SandboxError,
@@ -129,7 +131,6 @@ def test_infinite_loop_is_killed_at_the_timeout():
     assert result.timed_out and not result.ok
     assert result.reason == "timeout after 1.0s"
     assert result.returncode == -9
-    assert 1.0 <= result.duration < 4.0
 
 
 def test_loop_ignoring_sigterm_is_killed():
@@ -154,8 +155,8 @@ def test_daemonized_grandchild_does_not_survive():
         time.sleep(0.2)
         print("parent done")
     """, timeout=5.0)
-    assert result.ok and result.stdout == "parent done\n"
-    assert result.duration < 4.0
+    # the run ended with the parent, not at the timeout; _run proves the grandchild is gone
+    assert result.ok and result.reason == "ok" and not result.timed_out and result.stdout == "parent done\n"
 
 
 # ------------------------------------------------------------------ processes and threads
@@ -263,7 +264,6 @@ def test_printing_a_gigabyte_is_cut_off():
     assert result.output_truncated and not result.timed_out and not result.ok
     assert result.reason == "output limit exceeded"
     assert len(result.stdout) + len(result.stderr) <= 200_000
-    assert result.duration < 5.0
 
 
 def test_writing_a_gigabyte_file_hits_the_file_limit_and_the_workdir_is_removed():
@@ -374,7 +374,7 @@ def test_fallback_without_namespaces_still_bounds_and_cleans_up():
             time.sleep(60)
         print("parent done")
     """, **limits)
-    assert daemon.ok and daemon.duration < 4.0
+    assert daemon.ok and not daemon.timed_out and daemon.stdout == "parent done\n"
     loop = _run("while True: pass", **{**limits, "timeout": 1.0})
     assert loop.timed_out
 
@@ -390,20 +390,30 @@ def test_root_without_namespaces_refuses_an_unreachable_interpreter():
 # ------------------------------------------------------------------ pool
 
 
-def test_run_programs_runs_at_most_max_workers_at_once_in_order():
-    program = """
-        import json, time
-        start = time.time()
-        time.sleep(0.6)
-        print(json.dumps({{"index": {index}, "start": start, "end": time.time()}}))
-    """
-    results = run_programs([textwrap.dedent(program.format(index=i)) for i in range(4)],
-                           max_workers=2)
-    spans = [json.loads(result.stdout) for result in results]
-    assert [span["index"] for span in spans] == [0, 1, 2, 3]
-    overlaps = [sum(other["start"] <= span["start"] < other["end"] for other in spans)
-                for span in spans]
-    assert max(overlaps) == 2  # two ran together, never three
+def test_run_programs_runs_at_most_max_workers_at_once_in_order(monkeypatch):
+    """Process accounting instead of clocks: every call to run_program is counted while it runs;
+    a barrier of 2 parties proves that two really run together (it breaks if they do not)."""
+    lock, barrier = threading.Lock(), threading.Barrier(2, timeout=30)
+    running, peak, seen = [0], [0], []
+    real = sandbox_module.run_program
+
+    def counted(code, **limits):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+            seen.append(code)
+        try:
+            barrier.wait()  # held until a second program runs at the same time
+            return real(code, **limits)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    monkeypatch.setattr(sandbox_module, "run_program", counted)
+    codes = [f"print({i})" for i in range(4)]
+    results = run_programs(codes, max_workers=2, timeout=10.0)
+    assert [result.stdout for result in results] == ["0\n", "1\n", "2\n", "3\n"]  # input order
+    assert sorted(seen) == codes and peak[0] == 2  # two ran together, never three
 
 
 # ------------------------------------------------------------------ tests of a program

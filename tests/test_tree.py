@@ -213,6 +213,28 @@ def test_cross_aggregation_through_the_config(how):
     assert root.agent_returns("b") == pytest.approx(CROSS_AGENT_RETURNS[how]["b"])
 
 
+# Below the root (leaves, rewards [w, x, y, z] for joints (0,0), (0,1), (1,0), (1,1)):
+# agent a's answers aggregate [w, x] and [y, z], agent b's [w, y] and [x, z].
+CHILD_AGENT_RETURNS = {
+    "sum": [[5, 7], [7, 9], [4, 8], [6, 10]],
+    "mean": [[2.5, 3.5], [3.5, 4.5], [2.0, 4.0], [3.0, 5.0]],
+    "max": [[3, 4], [4, 5], [3, 5], [4, 6]],
+}
+
+
+@pytest.mark.parametrize("how", ["sum", "mean", "max"])
+def test_cross_aggregation_applies_below_the_root(how):
+    args = MAGRPOConfig(
+        num_turns=2, num_generations=2, joint_mode="cross", cross_aggregation=how, early_termination_threshold=None
+    )
+    [root] = collect_trees(DialogueEnv(Arith(2)), policies(), [0], args)
+    children = root.children
+    assert [c.rewards for c in children] == [[2, 3, 3, 4], [3, 4, 4, 5], [1, 3, 3, 5], [2, 4, 4, 6]]
+    for child, expected in zip(children, CHILD_AGENT_RETURNS[how]):
+        assert child.agent_returns("a") == pytest.approx(expected)
+        assert child.agent_returns("b") == pytest.approx(expected)  # this scenario is symmetric below the root
+
+
 def _shape(node):
     """Everything a tree holds, as plain data (for comparing two trees)."""
     return (
