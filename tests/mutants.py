@@ -1,0 +1,320 @@
+"""Mutation harness: plant known bugs one at a time and check that the tests catch each one.
+
+Run on demand (not collected by pytest: the file name does not start with ``test_``)::
+
+    python tests/mutants.py                  # every mutant, one at a time
+    python tests/mutants.py --list           # the curated list
+    python tests/mutants.py -k kl -k sha     # only mutants whose name contains one of these
+    python tests/mutants.py --jobs 2         # two mutants at once
+    python tests/mutants.py --check          # only report stale entries (no tests run)
+
+Each mutant is (name, file, exact original snippet, mutated snippet, tests). For each one the
+repository (without .git, virtual environments and caches) is copied to a temporary folder, the
+snippet replaced there, and the mapped tests run with ``PYTHONPATH`` pointing at the copy. The
+mutant is **killed** when the tests fail, **survived** when they pass. A mutant whose original
+snippet is no longer in its file (the code moved or changed) is **stale**: it counts as not
+killed and its entry must be updated. Tests that run past ``--timeout`` count as killed (the
+mutant hangs the suite), shown as ``timeout``; a pytest usage error (a test id that no longer
+exists, no tests collected) is an ``error`` and not killed. The score is killed / all mutants.
+
+Map each mutant to the smallest set of tests that should kill it (a file, or ``file::test``
+node ids): the harness is CPU-heavy. A new capability adds its own mutants here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+IGNORED = shutil.ignore_patterns(".git", ".venv", "venv", "__pycache__", "*.pyc", ".pytest_cache", "runs", "*.egg-info", ".hypothesis")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One planted bug: ``original`` (found exactly once in ``file``) becomes ``mutated``."""
+
+    name: str
+    file: str
+    original: str
+    mutated: str
+    tests: tuple[str, ...]
+
+
+MUTANTS: list[Mutant] = [
+    # --- the 16 bugs of the test audit (issue 19) ------------------------------------------------
+    Mutant(
+        "trainer hard-codes advantage_mode='mean' and normalize=True",
+        "llm_marl/learners/reinforce.py",
+        "advantage_mode=args.advantage_mode,\n            normalize=args.advantage_normalization,",
+        'advantage_mode="mean",\n            normalize=True,',
+        ("tests/test_wiring.py",),
+    ),
+    Mutant(
+        "children lose cross_aggregation (always sum below the root)",
+        "llm_marl/learners/tree.py",
+        "child = RolloutNode(depth + 1, node.index, dict(observations), cross_aggregation=cross_aggregation)",
+        "child = RolloutNode(depth + 1, node.index, dict(observations))",
+        ("tests/test_tree.py::test_cross_aggregation_applies_below_the_root",),
+    ),
+    Mutant(
+        "reference-KL penalty added to the returns instead of subtracted",
+        "llm_marl/learners/buffer.py",
+        "returns = [g - kl_coef * d for g, d in zip(returns, penalty)]",
+        "returns = [g + kl_coef * d for g, d in zip(returns, penalty)]",
+        ("tests/test_wiring.py",),
+    ),
+    Mutant(
+        "loss averaged per rank instead of over all ranks",
+        "llm_marl/learners/reinforce.py",
+        "local = losses.sum() / total",
+        "local = losses.sum() / len(batch)",
+        ("tests/test_distributed.py::test_two_gloo_ranks_match_one_process_on_the_union",),
+    ),
+    Mutant(
+        "checkpoint manifest SHA-256 not checked (size only)",
+        "llm_marl/learners/checkpoint.py",
+        'if os.path.getsize(file) != expected["size"] or _sha256(file) != expected["sha256"]:',
+        'if os.path.getsize(file) != expected["size"]:',
+        ("tests/test_reliability.py",),
+    ),
+    Mutant(
+        "min_new_tokens off by one",
+        "llm_marl/policies/causal_lm.py",
+        "ban_eos=step < self.min_new_tokens",
+        "ban_eos=step < self.min_new_tokens - 1",
+        ("tests/test_causal_lm_policy.py::test_min_new_tokens_with_eos_biased_logits",),
+    ),
+    Mutant(
+        "sampling builds an autograd graph",
+        "llm_marl/policies/causal_lm.py",
+        "            with torch.inference_mode():\n                answers",
+        "            with torch.enable_grad():\n                answers",
+        ("tests/test_causal_lm_policy.py::test_sampling_restores_mode_and_builds_no_graph",),
+    ),
+    Mutant(
+        "RLOO baseline divides by K instead of K-1",
+        "llm_marl/learners/advantages.py",
+        "(returns.sum() - returns) / (k - 1)",
+        "(returns.sum() - returns) / k",
+        ("tests/test_advantages.py",),
+    ),
+    Mutant(
+        "normalization by the sample std instead of the population std",
+        "llm_marl/learners/advantages.py",
+        "advantages.std(correction=0)",
+        "advantages.std(correction=1)",
+        ("tests/test_advantages.py",),
+    ),
+    Mutant(
+        "inner return sums the children's returns instead of averaging them",
+        "llm_marl/learners/advantages.py",
+        "discount * sum(child_returns) / len(child_returns)",
+        "discount * sum(child_returns)",
+        ("tests/test_tree.py",),
+    ),
+    Mutant(
+        "every agent's answers are credited by agent 0's position",
+        "llm_marl/learners/advantages.py",
+        "groups[combo[position]].append(value)",
+        "groups[combo[0]].append(value)",
+        ("tests/test_advantages.py",),
+    ),
+    Mutant(
+        "early termination on mean >= threshold instead of >",
+        "llm_marl/learners/tree.py",
+        "and sum(node.rewards) / len(node.rewards) > early_termination_threshold",
+        "and sum(node.rewards) / len(node.rewards) >= early_termination_threshold",
+        ("tests/test_tree.py",),
+    ),
+    Mutant(
+        "discount ignored (returns always undiscounted)",
+        "llm_marl/learners/tree.py",
+        "            _compute_returns(root, discount)",
+        "            _compute_returns(root, 1.0)",
+        ("tests/test_tree.py",),
+    ),
+    Mutant(
+        "partly filled buffers not consumed at the end of an epoch",
+        "llm_marl/learners/reinforce.py",
+        "                if epoch_done:\n                    self._update()\n",
+        "                if epoch_done:\n                    pass\n",
+        ("tests/test_learners.py",),
+    ),
+    Mutant(
+        "the last partial mini-batch of a buffer is dropped",
+        "llm_marl/learners/buffer.py",
+        "for start in range(0, len(samples), batch_size):",
+        "for start in range(0, len(samples) - batch_size + 1, batch_size):",
+        ("tests/test_learners.py",),
+    ),
+    Mutant(
+        "resume does not restore the RNG states",
+        "llm_marl/learners/checkpoint.py",
+        '    _restore_rng(trainer, torch.load(os.path.join(path, "rng.pt"), weights_only=False))\n',
+        "",
+        ("tests/test_reliability.py::test_stop_resume_equals_uninterrupted",),
+    ),
+    # --- more planted bugs across the library --------------------------------------------------------
+    Mutant(
+        "optimizer steps counted once per update instead of per mini-batch",
+        "llm_marl/learners/reinforce.py",
+        "self.state.global_step += max(counts.values())",
+        "self.state.global_step += 1",
+        ("tests/test_learners.py",),
+    ),
+    Mutant(
+        "resume starts with empty rollout buffers",
+        "llm_marl/learners/checkpoint.py",
+        'trainer.buffers = {a: RolloutBuffer(extra["buffers"][a]) for a in trainer.agents}',
+        "trainer.buffers = {a: RolloutBuffer() for a in trainer.agents}",
+        ("tests/test_reliability.py::test_stop_resume_equals_uninterrupted",),
+    ),
+    Mutant(
+        "save_total_limit keeps one checkpoint too few",
+        "llm_marl/learners/checkpoint.py",
+        "for path in paths[: max(0, len(paths) - limit)]:",
+        "for path in paths[: max(0, len(paths) - limit + 1)]:",
+        ("tests/test_reliability.py::test_save_total_limit_keeps_newest",),
+    ),
+    Mutant(
+        "MAReMax baseline is the min instead of the max",
+        "llm_marl/learners/advantages.py",
+        "return returns - returns.max()",
+        "return returns - returns.min()",
+        ("tests/test_advantages.py", "tests/test_wiring.py"),
+    ),
+    Mutant(
+        "tabular log-probs over the wrong axis",
+        "llm_marl/policies/tabular.py",
+        "return torch.log_softmax(self.logits[rows], dim=-1).gather(1, picks[:, None]).squeeze(1)",
+        "return torch.log_softmax(self.logits[rows], dim=0).gather(1, picks[:, None]).squeeze(1)",
+        ("tests/test_learners.py", "tests/test_learning.py::test_coordination_game_optimum"),
+    ),
+    Mutant(
+        "top-p keeps the token that crosses the mass (>) ",
+        "llm_marl/policies/causal_lm.py",
+        "probs = probs.masked_fill(mass_before >= self.top_p, 0.0)",
+        "probs = probs.masked_fill(mass_before > self.top_p, 0.0)",
+        ("tests/test_causal_lm_policy.py",),
+    ),
+    Mutant(
+        "dialogue env plays one turn more than num_turns",
+        "llm_marl/envs/dialogue.py",
+        "done = len(history) >= self.task.num_turns",
+        "done = len(history) > self.task.num_turns",
+        ("tests/test_dialogue_env.py",),
+    ),
+    Mutant(
+        "matrix game payoff read transposed (column, row)",
+        "llm_marl/tasks/matrix.py",
+        "value = self.payoff[self.menu.index(row)][self.menu.index(column)]",
+        "value = self.payoff[self.menu.index(column)][self.menu.index(row)]",
+        ("tests/test_dialogue_env.py",),
+    ),
+    Mutant(
+        "sandbox pool ignores max_workers",
+        "llm_marl/tasks/sandbox.py",
+        "with ThreadPoolExecutor(max_workers=min(workers, len(codes)),",
+        "with ThreadPoolExecutor(max_workers=len(codes),",
+        ("tests/test_sandbox.py::test_run_programs_runs_at_most_max_workers_at_once_in_order",),
+    ),
+    Mutant(
+        "sandbox timeout reported as an ordinary kill",
+        "llm_marl/tasks/sandbox.py",
+        '    if timed_out:\n        return f"timeout after {float(timeout)}s"\n',
+        "",
+        ("tests/test_sandbox.py::test_infinite_loop_is_killed_at_the_timeout",),
+    ),
+    Mutant(
+        "sandbox without a process limit",
+        "llm_marl/tasks/sandbox.py",
+        '"RLIMIT_NPROC": (processes, processes),',
+        '"RLIMIT_NPROC": (100000, 100000),',
+        ("tests/test_sandbox.py::test_process_limit_binds_before_fork_and_thread_bombs",),
+    ),
+]
+
+
+def run_one(mutant: Mutant, timeout: float) -> tuple[str, str, float]:
+    """(status, detail, seconds) of one mutant: killed, survived, stale or timeout."""
+    path = os.path.join(REPO, mutant.file)
+    if not os.path.exists(path):
+        return "stale", f"{mutant.file} does not exist", 0.0
+    source = open(path).read()
+    count = source.count(mutant.original)
+    if count != 1:
+        return "stale", f"original snippet found {count} times in {mutant.file}", 0.0
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="mutant-") as tmp:
+        copy = os.path.join(tmp, "repo")
+        shutil.copytree(REPO, copy, ignore=IGNORED, symlinks=True)
+        with open(os.path.join(copy, mutant.file), "w") as f:
+            f.write(source.replace(mutant.original, mutant.mutated))
+        env = {**os.environ, "PYTHONPATH": copy, "PYTHONDONTWRITEBYTECODE": "1"}
+        command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *mutant.tests]
+        try:
+            result = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return "timeout", f"tests ran past {timeout:.0f} s", time.monotonic() - started
+    seconds = time.monotonic() - started
+    lines = [line for line in result.stdout.splitlines() if line.strip()]
+    summary = lines[-1] if lines else result.stderr.strip().splitlines()[-1:]
+    if result.returncode == 0:
+        return "survived", str(summary), seconds
+    if result.returncode in (1, 2):  # tests failed, or a collection error the mutant caused
+        failed = next((line for line in lines if line.startswith("FAILED")), str(summary))
+        return "killed", failed, seconds
+    return "error", f"pytest exit code {result.returncode}: {summary}", seconds
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-k", action="append", default=[], help="only mutants whose name contains this (repeatable)")
+    parser.add_argument("--list", action="store_true", help="print the mutants and exit")
+    parser.add_argument("--check", action="store_true", help="only report stale mutants; run no tests")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants run at once (default 1)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per mutant's tests (default 900)")
+    options = parser.parse_args(argv)
+    chosen = [m for m in MUTANTS if not options.k or any(k.lower() in m.name.lower() for k in options.k)]
+    if options.list:
+        for m in chosen:
+            print(f"{m.name}\n    {m.file}  ->  {' '.join(m.tests)}")
+        return 0
+    if options.check:
+        stale = 0
+        for m in chosen:
+            text = open(os.path.join(REPO, m.file)).read() if os.path.exists(os.path.join(REPO, m.file)) else ""
+            if text.count(m.original) != 1:
+                stale += 1
+                print(f"STALE  {m.name}: original found {text.count(m.original)} times in {m.file}")
+        print(f"{len(chosen) - stale}/{len(chosen)} mutants apply")
+        return 1 if stale else 0
+    counts: dict[str, int] = {}
+
+    def report(item: tuple[Mutant, tuple[str, str, float]]) -> None:
+        mutant, (status, detail, seconds) = item
+        counts[status] = counts.get(status, 0) + 1
+        print(f"{status.upper():9} {seconds:6.1f}s  {mutant.name}\n          {detail}", flush=True)
+
+    with ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
+        for item in zip(chosen, pool.map(lambda m: run_one(m, options.timeout), chosen)):
+            report(item)
+    killed = counts.get("killed", 0) + counts.get("timeout", 0)
+    total = len(chosen)
+    print(
+        f"\nmutation score: {killed}/{total} killed ({100 * killed / max(total, 1):.0f}%); "
+        + ", ".join(f"{status} {n}" for status, n in sorted(counts.items()))
+    )
+    return 0 if killed == total else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
