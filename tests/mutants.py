@@ -87,9 +87,9 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "min_new_tokens off by one",
-        "llm_marl/policies/causal_lm.py",
-        "ban_eos=step < self.min_new_tokens",
-        "ban_eos=step < self.min_new_tokens - 1",
+        "llm_marl/policies/sampling.py",
+        "ban_eos=step < min_new_tokens",
+        "ban_eos=step < min_new_tokens - 1",
         ("tests/test_causal_lm_policy.py::test_min_new_tokens_with_eos_biased_logits",),
     ),
     Mutant(
@@ -200,10 +200,24 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "top-p keeps the token that crosses the mass (>) ",
-        "llm_marl/policies/causal_lm.py",
-        "probs = probs.masked_fill(mass_before >= self.top_p, 0.0)",
-        "probs = probs.masked_fill(mass_before > self.top_p, 0.0)",
+        "llm_marl/policies/sampling.py",
+        "probs = probs.masked_fill(mass_before >= settings.top_p, 0.0)",
+        "probs = probs.masked_fill(mass_before > settings.top_p, 0.0)",
         ("tests/test_causal_lm_policy.py",),
+    ),
+    Mutant(
+        "scoring ignores the score temperature",
+        "llm_marl/policies/scoring.py",
+        "    logits = logits.float() / temperature\n    chosen",
+        "    logits = logits.float()\n    chosen",
+        ("tests/test_causal_lm_policy.py::test_log_probs_equal_hand_computation",),
+    ),
+    Mutant(
+        "writing reward ramp not capped at 1",
+        "llm_marl/tasks/writing.py",
+        "return min(1.0, max(0.0, (x - zero) / (full - zero)))",
+        "return max(0.0, (x - zero) / (full - zero))",
+        ("tests/test_writing_task.py",),
     ),
     Mutant(
         "dialogue env plays one turn more than num_turns",
