@@ -53,8 +53,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "trainer hard-codes advantage_mode='mean' and normalize=True",
         "llm_marl/learners/reinforce.py",
-        "advantage_mode=args.advantage_mode,\n            normalize=args.advantage_normalization,",
-        'advantage_mode="mean",\n            normalize=True,',
+        "advantage_mode=args.advantage_mode,\n                normalize=args.advantage_normalization,",
+        'advantage_mode="mean",\n                normalize=True,',
         ("tests/test_wiring.py",),
     ),
     Mutant(
@@ -151,8 +151,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "the last partial mini-batch of a buffer is dropped",
         "llm_marl/learners/buffer.py",
-        "for start in range(0, len(samples), batch_size):",
-        "for start in range(0, len(samples) - batch_size + 1, batch_size):",
+        "for start in range(0, len(self.samples), batch_size)]",
+        "for start in range(0, len(self.samples) - batch_size + 1, batch_size)]",
         ("tests/test_learners.py",),
     ),
     Mutant(
@@ -166,8 +166,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "optimizer steps counted once per update instead of per mini-batch",
         "llm_marl/learners/reinforce.py",
-        "self.state.global_step += max(counts.values())",
-        "self.state.global_step += 1",
+        "            self.state.global_step += 1\n",
+        "            self.state.global_step += 1 if i == 0 else 0\n",
         ("tests/test_learners.py",),
     ),
     Mutant(
@@ -222,8 +222,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "dialogue env plays one turn more than num_turns",
         "llm_marl/envs/dialogue.py",
-        "done = len(history) >= self.task.num_turns",
-        "done = len(history) > self.task.num_turns",
+        "done = self.task.num_turns is not None and len(history) >= self.task.num_turns",
+        "done = self.task.num_turns is not None and len(history) > self.task.num_turns",
         ("tests/test_dialogue_env.py",),
     ),
     Mutant(
