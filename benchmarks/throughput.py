@@ -441,7 +441,7 @@ def run_build(spec: dict) -> dict:
 
 def bench_prompts(count: int) -> list[str]:
     """``count`` short prompts: the first 8 words of evenly spaced pydoc paragraphs."""
-    from llm_marl.tasks.corpus import pydoc_paragraphs
+    from llm_marl.tasks.writing.corpus import pydoc_paragraphs
 
     paragraphs = pydoc_paragraphs()
     step = max(1, len(paragraphs) // count)

@@ -2,7 +2,7 @@
 
 Agent "aux" writes a helper function ``aux(...)``, agent "main" the problem's entry point, which may
 call it; both share the task's reward in levels (structure, syntax, tests, cooperation; see
-``llm_marl/tasks/code.py``). Code runs in the sandbox, the K answers of every tree node in parallel.
+``llm_marl/tasks/code/``). Code runs in the sandbox, the K answers of every tree node in parallel.
 
 By default the two agents are the tiny local GPT-2 models (no download, CPU), trained for a few
 optimizer steps with short answers: a smoke run that shows the whole loop end to end (the tiny

@@ -25,7 +25,7 @@ import datasets
 import torch
 
 from llm_marl import CausalLMPolicy, CooperativeTask, DialogueEnv, MAGRPOConfig, MAGRPOTrainer
-from llm_marl.tasks.corpus import pydoc_paragraphs
+from llm_marl.tasks.writing.corpus import pydoc_paragraphs
 from llm_marl.tasks.writing import content_words, word_count, words
 
 

@@ -214,7 +214,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "writing reward ramp not capped at 1",
-        "llm_marl/tasks/writing.py",
+        "llm_marl/tasks/writing/task.py",
         "return min(1.0, max(0.0, (x - zero) / (full - zero)))",
         "return max(0.0, (x - zero) / (full - zero))",
         ("tests/test_writing_task.py",),
@@ -235,21 +235,21 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "sandbox pool ignores max_workers",
-        "llm_marl/tasks/sandbox.py",
+        "llm_marl/sandbox/runner.py",
         "with ThreadPoolExecutor(max_workers=min(workers, len(codes)),",
         "with ThreadPoolExecutor(max_workers=len(codes),",
         ("tests/test_sandbox.py::test_run_programs_runs_at_most_max_workers_at_once_in_order",),
     ),
     Mutant(
         "sandbox timeout reported as an ordinary kill",
-        "llm_marl/tasks/sandbox.py",
+        "llm_marl/sandbox/runner.py",
         '    if timed_out:\n        return f"timeout after {float(timeout)}s"\n',
         "",
         ("tests/test_sandbox.py::test_infinite_loop_is_killed_at_the_timeout",),
     ),
     Mutant(
         "sandbox without a process limit",
-        "llm_marl/tasks/sandbox.py",
+        "llm_marl/sandbox/runner.py",
         '"RLIMIT_NPROC": (processes, processes),',
         '"RLIMIT_NPROC": (100000, 100000),',
         ("tests/test_sandbox.py::test_process_limit_binds_before_fork_and_thread_bombs",),

@@ -16,7 +16,8 @@ from pettingzoo.test import parallel_api_test
 from llm_marl.envs import DialogueEnv
 from llm_marl.learners.tree import grow_trees
 from llm_marl.policies.scripted import ScriptedPolicy
-from llm_marl.tasks import code, sandbox
+from llm_marl import sandbox
+from llm_marl.tasks import code
 from llm_marl.tasks.base import Turn
 from llm_marl.tasks.code import (
     CoopCodeTask,
@@ -324,13 +325,14 @@ def test_eval_hooks(problems):
     assert eval_logger(agent_completions_turns=[[[AUX]], [[strlen]]], batch_items=[raw])[0]["turn_1/passed"] == 1.0
 
 
-def test_register_envs_and_parallel_api():
+def test_registered_ids_and_parallel_api():
     from llm_marl.envs.registry import make
 
-    code.register_envs()
     env = make("CoopCodeMultiTurn-v0", split="eval", feedback="passfail")
     assert env.task.num_turns == 2 and env.task.feedback == "passfail" and len(env.data) == 32
     assert make("CoopCode-v0").task.num_turns == 1
+    assert make("CoopCode-v0", max_cycles=3).task.num_turns == 3  # PettingZoo's name for it
+    assert make("CoopCode-v0", max_cycles=3, num_turns=2).task.num_turns == 2
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         parallel_api_test(DialogueEnv(CoopCodeTask(num_turns=2), split="eval"), num_cycles=3)

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from llm_marl.tasks import sandbox as sandbox_module
-from llm_marl.tasks.sandbox import (
+from llm_marl.sandbox import runner as sandbox_module
+from llm_marl.sandbox import (
     LoadError,
     SandboxError,
     run_program,

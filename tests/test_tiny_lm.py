@@ -12,7 +12,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from llm_marl.policies import tiny
 from llm_marl.policies.causal_lm import CausalLMPolicy
 from llm_marl.policies.tiny import EOS_TOKEN, build_tiny_model, default_model_dir, load_tiny
-from llm_marl.tasks.corpus import pydoc_paragraphs
+from llm_marl.tasks.writing.corpus import pydoc_paragraphs
 
 torch.set_num_threads(1)
 

@@ -11,8 +11,6 @@ from pettingzoo.test import parallel_api_test, parallel_seed_test
 
 from llm_marl.envs import DialogueEnv
 from llm_marl.envs import registry
-from llm_marl.tasks import writing
-from llm_marl.tasks.corpus import pydoc_paragraphs
 from llm_marl.tasks.writing import (
     WritingCollab,
     char_length,
@@ -29,6 +27,7 @@ from llm_marl.tasks.writing import (
     words,
     writing_reward,
 )
+from llm_marl.tasks.writing.corpus import pydoc_paragraphs
 
 PASSAGE = (
     "When a module is imported, its code runs once and every name it defines becomes an attribute "
@@ -305,13 +304,10 @@ def test_multi_turn_episode_with_fixed_answers():
     assert infos["short"]["turn"] == 1 and infos["short"]["reward_details"]["length_ratio"] == pytest.approx(0.8)
 
 
-def test_register_envs(monkeypatch):
-    seen = {}
-    monkeypatch.setattr(registry, "register", lambda env_id, factory, override=False: seen.update({env_id: factory}))
-    writing.register_envs()
-    assert sorted(seen) == ["WritingCollab-v0", "WritingCollabMultiTurn-v0"]
-    single = seen["WritingCollab-v0"](split="eval")
-    multi = seen["WritingCollabMultiTurn-v0"](render_mode="ansi", min_words=4)
-    assert single.task.num_turns == 1 and single.split == "eval"
+def test_registered_ids_build_the_writing_task():
+    single = registry.make("WritingCollab-v0", split="eval")
+    multi = registry.make("WritingCollabMultiTurn-v0", render_mode="ansi", min_words=4)
+    assert isinstance(single.task, WritingCollab) and single.task.num_turns == 1 and single.split == "eval"
     assert multi.task.num_turns == 2 and multi.task.settings["min_words"] == 4 and multi.render_mode == "ansi"
-    assert seen["WritingCollabMultiTurn-v0"](num_turns=3).task.num_turns == 3
+    assert registry.make("WritingCollabMultiTurn-v0", num_turns=3).task.num_turns == 3
+    assert registry.make("WritingCollabMultiTurn-v0", num_turns=None).task.num_turns == 2

@@ -1,40 +1,141 @@
 """Environment ids: ``make("ClimbingGame-v0")`` builds a ready :class:`DialogueEnv`.
 
 Ids follow Gymnasium's ``Name-vN`` convention; a version changes whenever the task's dynamics or
-rewards change. Every id registered here is also registered with PettingZoo's own registry
-(``pettingzoo.make("parallel", id)``) when the installed PettingZoo has one.
+rewards change. As in Gymnasium, an id maps to an *entry point*, a callable or a
+``"package.module:attribute"`` string that is imported only when the id is made, plus default
+keyword arguments. The shipped ids are declared in one table, :data:`SHIPPED`, so importing the
+registry imports no task, and no task imports the registry.
+
+What an entry point builds:
+
+- a :class:`~llm_marl.tasks.CooperativeTask` (a task class, or any callable registered with
+  ``task=True``): ``make(id, split=..., render_mode=..., **kwargs)`` builds
+  ``DialogueEnv(entry_point(**kwargs), split=split, render_mode=render_mode)``; PettingZoo's
+  ``max_cycles`` is accepted as an alias of ``num_turns``;
+- anything else is an environment factory: ``make(id, **kwargs)`` returns
+  ``entry_point(**kwargs)``, a ``pettingzoo.ParallelEnv``.
+
+The id's default keywords are overridden by the caller's; a keyword the caller gives as ``None``
+keeps the id's default (``make("RepeatedClimbingGame-v0", num_turns=None)`` plays 3 turns).
+
+Registering your own task is one call, with the task class itself, a factory, or its entry-point
+string::
+
+    register("Guess-v0", Guess)                               # a CooperativeTask subclass
+    register("Guess-v0", "my_package.guess:Guess")            # the same, imported at make time
+    register("Guess-v0", lambda **kw: DialogueEnv(Guess(), **kw))  # an environment factory
+
+Every id is also registered with PettingZoo's own registry (``pettingzoo.make("parallel", id)``)
+when the installed PettingZoo has one; it builds the env through :func:`make`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import functools
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
 
 from pettingzoo import ParallelEnv
 
-_REGISTRY: dict[str, Callable[..., ParallelEnv]] = {}
+from llm_marl.tasks.base import CooperativeTask
+
+__all__ = ["SHIPPED", "EnvSpec", "make", "register", "registered_ids", "resolve", "spec"]
 
 
-def register(env_id: str, factory: Callable[..., ParallelEnv], *, override: bool = False) -> None:
-    """Register ``factory(**kwargs) -> ParallelEnv`` under ``env_id``."""
+@dataclass(frozen=True)
+class EnvSpec:
+    """One registered id: what builds it and with which default keywords."""
+
+    id: str
+    """The id, ``Name-vN``."""
+    entry_point: str | Callable[..., Any]
+    """A callable, or ``"package.module:attribute"`` imported when the id is made."""
+    kwargs: Mapping[str, Any] = field(default_factory=dict)
+    """Default keyword arguments of the entry point; the caller's override them."""
+    task: bool | None = None
+    """True: the entry point builds a task, played through a DialogueEnv; False: it builds the
+    env; None: decided at make time (a CooperativeTask subclass is a task, anything else a factory)."""
+
+
+# The shipped ids: id -> (entry point, default keywords). All build tasks.
+SHIPPED: dict[str, tuple[str, dict[str, Any]]] = {
+    "ClimbingGame-v0": ("llm_marl.tasks.matrix:climbing_game", {"num_turns": 1}),
+    "RepeatedClimbingGame-v0": ("llm_marl.tasks.matrix:climbing_game", {"num_turns": 3}),
+    "PenaltyGame-v0": ("llm_marl.tasks.matrix:penalty_game", {"num_turns": 1}),
+    "RepeatedPenaltyGame-v0": ("llm_marl.tasks.matrix:penalty_game", {"num_turns": 3}),
+    "CoordinationGame-v0": ("llm_marl.tasks.matrix:coordination_game", {"num_turns": 1}),
+    "RepeatedCoordinationGame-v0": ("llm_marl.tasks.matrix:coordination_game", {"num_turns": 3}),
+    "WritingCollab-v0": ("llm_marl.tasks.writing:WritingCollab", {"num_turns": 1}),
+    "WritingCollabMultiTurn-v0": ("llm_marl.tasks.writing:WritingCollab", {"num_turns": 2}),
+    "CoopCode-v0": ("llm_marl.tasks.code:CoopCodeTask", {"num_turns": 1}),
+    "CoopCodeMultiTurn-v0": ("llm_marl.tasks.code:CoopCodeTask", {"num_turns": 2}),
+}
+
+_REGISTRY: dict[str, EnvSpec] = {}
+
+
+def register(
+    env_id: str,
+    entry_point: str | Callable[..., Any],
+    *,
+    kwargs: Mapping[str, Any] | None = None,
+    task: bool | None = None,
+    override: bool = False,
+) -> None:
+    """Register ``entry_point`` (a callable or a ``"module:attr"`` string) under ``env_id``.
+
+    ``kwargs`` are its default keywords; ``task`` says whether it builds a task (see the module
+    documentation; ``None``: a CooperativeTask subclass is a task, anything else a factory).
+    """
+    if not isinstance(env_id, str) or not env_id:
+        raise ValueError(f"environment id must be a non-empty string, got {env_id!r}")
+    if isinstance(entry_point, str):
+        _split_entry_point(env_id, entry_point)
+    elif not callable(entry_point):
+        raise TypeError(f"entry point of {env_id!r} must be a callable or a 'module:attr' string, got {entry_point!r}")
     if env_id in _REGISTRY and not override:
         raise ValueError(f"environment id {env_id!r} is already registered (pass override=True to replace it)")
-    _REGISTRY[env_id] = factory
-    try:
-        import pettingzoo
+    _REGISTRY[env_id] = EnvSpec(env_id, entry_point, dict(kwargs or {}), task)
+    _register_with_pettingzoo(env_id)
 
-        if hasattr(pettingzoo, "parallel_registry"):
-            if env_id in pettingzoo.parallel_registry:
-                del pettingzoo.parallel_registry[env_id]
-            pettingzoo.register("parallel", env_id, entry_point=factory)
-    except ImportError:  # pragma: no cover - PettingZoo is a dependency
-        pass
+
+def spec(env_id: str) -> EnvSpec:
+    """The :class:`EnvSpec` registered as ``env_id``."""
+    if env_id not in _REGISTRY:
+        raise KeyError(f"unknown environment id {env_id!r}; registered: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[env_id]
 
 
 def make(env_id: str, **kwargs: Any) -> ParallelEnv:
-    """Build the environment registered as ``env_id``; ``kwargs`` go to its factory."""
-    if env_id not in _REGISTRY:
-        raise KeyError(f"unknown environment id {env_id!r}; registered: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[env_id](**kwargs)
+    """Build the environment registered as ``env_id``; ``kwargs`` go to its entry point (a task's
+    ``split`` and ``render_mode`` go to its :class:`DialogueEnv`)."""
+    env_spec = spec(env_id)
+    entry = resolve(env_spec.entry_point, env_id)
+    merged = dict(env_spec.kwargs)
+    merged.update({k: v for k, v in kwargs.items() if not (v is None and k in env_spec.kwargs)})
+    is_task = env_spec.task if env_spec.task is not None else (
+        isinstance(entry, type) and issubclass(entry, CooperativeTask)
+    )
+    if not is_task:
+        env = entry(**merged)
+        if isinstance(env, CooperativeTask):
+            raise TypeError(
+                f"the entry point of {env_id!r} returned a task ({type(env).__name__}), not an env: "
+                f"register it with task=True"
+            )
+        return env
+    from llm_marl.envs.dialogue import DialogueEnv
+
+    split = merged.pop("split", "train")
+    render_mode = merged.pop("render_mode", None)
+    max_cycles = merged.pop("max_cycles", None)
+    if max_cycles is not None and kwargs.get("num_turns") is None:
+        merged["num_turns"] = max_cycles
+    task_obj = entry(**merged)
+    if not isinstance(task_obj, CooperativeTask):
+        raise TypeError(f"the entry point of {env_id!r} was registered as a task but returned {type(task_obj).__name__}")
+    return DialogueEnv(task_obj, split=split, render_mode=render_mode)
 
 
 def registered_ids() -> list[str]:
@@ -42,34 +143,40 @@ def registered_ids() -> list[str]:
     return sorted(_REGISTRY)
 
 
-def _matrix_factory(game: Callable[..., Any], repeated: bool) -> Callable[..., ParallelEnv]:
-    def factory(*, split: str = "train", render_mode: str | None = None, num_turns: int | None = None, **kwargs):
-        from llm_marl.envs.dialogue import DialogueEnv
-
-        turns = num_turns if num_turns is not None else (3 if repeated else 1)
-        return DialogueEnv(game(num_turns=turns, **kwargs), split=split, render_mode=render_mode)
-
-    return factory
-
-
-def _register_builtin() -> None:
-    from llm_marl.tasks import matrix
-
-    for name, game in (
-        ("ClimbingGame", matrix.climbing_game),
-        ("PenaltyGame", matrix.penalty_game),
-        ("CoordinationGame", matrix.coordination_game),
-    ):
-        register(f"{name}-v0", _matrix_factory(game, repeated=False))
-        register(f"Repeated{name}-v0", _matrix_factory(game, repeated=True))
-
-    from llm_marl.tasks.writing import register_envs as register_writing
-
-    register_writing()
-
-    from llm_marl.tasks.code import register_envs as register_code
-
-    register_code()
+def resolve(entry_point: str | Callable[..., Any], env_id: str = "?") -> Callable[..., Any]:
+    """The callable an entry point names: a callable itself, or ``"module:attr"`` (``attr`` may
+    be dotted) imported now."""
+    if not isinstance(entry_point, str):
+        return entry_point
+    module_name, attr = _split_entry_point(env_id, entry_point)
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ImportError(f"cannot import module {module_name!r} of {env_id!r}'s entry point {entry_point!r}: {exc}") from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise AttributeError(f"{env_id!r}'s entry point {entry_point!r}: {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TypeError(f"{env_id!r}'s entry point {entry_point!r} is not callable: {obj!r}")
+    return obj
 
 
-_register_builtin()
+def _split_entry_point(env_id: str, entry_point: str) -> tuple[str, str]:
+    module_name, sep, attr = entry_point.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"entry point of {env_id!r} must look like 'package.module:attribute', got {entry_point!r}")
+    return module_name, attr
+
+
+def _register_with_pettingzoo(env_id: str) -> None:
+    import pettingzoo
+
+    if hasattr(pettingzoo, "parallel_registry"):
+        if env_id in pettingzoo.parallel_registry:
+            del pettingzoo.parallel_registry[env_id]
+        pettingzoo.register("parallel", env_id, entry_point=functools.partial(make, env_id))
+
+
+for _env_id, (_entry_point, _defaults) in SHIPPED.items():
+    register(_env_id, _entry_point, kwargs=_defaults, task=True)

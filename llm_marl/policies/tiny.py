@@ -1,7 +1,7 @@
 """Small local language models with no download: a byte-level BPE tokenizer and a tiny GPT-2.
 
 ``build_tiny_model(dir)`` trains a tokenizer on an English corpus (by default the prose of
-Python's own documentation, :func:`llm_marl.tasks.corpus.pydoc_paragraphs`), builds a small
+Python's own documentation, :func:`llm_marl.tasks.writing.corpus.pydoc_paragraphs`), builds a small
 GPT-2 from a seed, warm-starts it with a short causal-LM pre-training on the same corpus and saves
 both with ``save_pretrained``. Users load it back exactly like a hub model::
 
@@ -54,7 +54,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
-from llm_marl.tasks.corpus import pydoc_paragraphs
+from llm_marl.tasks.writing.corpus import pydoc_paragraphs
 
 __all__ = [
     "EOS_TOKEN",

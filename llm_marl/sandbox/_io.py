@@ -1,5 +1,5 @@
 """The caller's side of one sandbox run, once its supervisor is started (see
-:mod:`llm_marl.tasks.sandbox`): feed the program's stdin, collect its stdout and stderr up to a
+:mod:`llm_marl.sandbox`): feed the program's stdin, collect its stdout and stderr up to a
 cap and the supervisor's status lines, and stop the sandbox at the deadline or the cap.
 """
 

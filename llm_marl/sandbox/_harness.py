@@ -1,4 +1,4 @@
-"""The test harness that :func:`llm_marl.tasks.sandbox.run_tests` runs inside the sandbox.
+"""The test harness that :func:`llm_marl.sandbox.run_tests` runs inside the sandbox.
 
 It is not imported: ``run_tests`` takes this file's text, appends a call
 ``main(mark, program, tests, budget)`` and runs the result as the sandboxed program (so it

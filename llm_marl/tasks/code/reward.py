@@ -9,9 +9,9 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Mapping, NamedTuple, Sequence
 
-from llm_marl.tasks import sandbox
-from llm_marl.tasks.code_extract import code_blocks, kept_code
-from llm_marl.tasks.humaneval import REPR_HELPER, prepared_row
+from llm_marl import sandbox
+from llm_marl.tasks.code.extract import code_blocks, kept_code
+from llm_marl.tasks.code.humaneval import REPR_HELPER, prepared_row
 
 __all__ = ["AUX_NAME", "MAX_SCORE", "score_answers"]
 

@@ -9,7 +9,7 @@ import functools
 import textwrap
 from typing import Any, Mapping
 
-from llm_marl.tasks.code_extract import source_segment
+from llm_marl.tasks.code.extract import source_segment
 
 __all__ = [
     "EVAL_MODULUS",

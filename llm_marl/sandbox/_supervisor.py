@@ -1,4 +1,4 @@
-"""The sandbox supervisor: the child-side script that :mod:`llm_marl.tasks.sandbox` starts.
+"""The sandbox supervisor: the child-side script that :mod:`llm_marl.sandbox` starts.
 
 It is not imported: the caller runs its text as ``python -I -S -c <text> <fd>`` with the
 caller's privileges. It reads its configuration (JSON) from the pipe ``fd`` and forks twice:

@@ -1,0 +1,232 @@
+"""The package's layout rules, read from the source (ast, nothing imported), plus the old import
+path that still works.
+
+What counts as an import of module B by module A:
+- ``import B`` and ``from B import x``; for ``from B import x`` where ``B.x`` is a module of the
+  package, the import is of ``B.x`` (``from llm_marl import sandbox`` imports
+  ``llm_marl.sandbox``). Relative imports are resolved against A's package.
+- The parent packages Python imports on the way (``llm_marl/__init__``, ``llm_marl.tasks``
+  for ``llm_marl.tasks.base``) are not counted: every module would otherwise import every
+  package ``__init__`` that re-exports it.
+
+Rule 1, layering: no module under ``llm_marl/tasks/`` imports anything under
+``llm_marl/envs/`` or ``llm_marl/learners/``, wherever the import statement is (a lazy import
+inside a function counts: it is still a dependency).
+
+Rule 2, no circles: among the imports that run when a module is imported (module level,
+including ``if``/``try``/``with`` blocks and class bodies; not function bodies and not
+``if TYPE_CHECKING:`` blocks), no chain of llm_marl modules leads back to where it started.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1] / "llm_marl"
+
+
+# --- the walker -----------------------------------------------------------------------------------
+
+
+def module_names(root: Path) -> dict[str, Path]:
+    """Dotted name -> file for every .py under the package directory ``root``."""
+    names = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        names[".".join(parts)] = path
+    return names
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _import_nodes(tree: ast.Module, module_level_only: bool):
+    """Import statements of a module: all of them, or those that run when it is imported."""
+    if not module_level_only:
+        yield from (n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom)))
+        return
+    stack = list(tree.body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            continue
+        elif isinstance(node, ast.If) and _is_type_checking(node.test):
+            stack.extend(node.orelse)
+        else:
+            stack.extend(n for n in ast.iter_child_nodes(node) if isinstance(n, ast.stmt) or hasattr(n, "body"))
+
+
+def imports_of(name: str, path: Path, known: set[str], module_level_only: bool) -> set[str]:
+    """The package modules that module ``name`` (file ``path``) imports, as defined above."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in _import_nodes(ast.parse(path.read_text("utf-8"), str(path)), module_level_only):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        else:
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(base + ([node.module] if node.module else []))
+            else:
+                base = node.module
+            targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+        found.update(t for t in targets if t in known)
+    found.discard(name)
+    return found
+
+
+def import_graph(root: Path, module_level_only: bool) -> dict[str, set[str]]:
+    names = module_names(root)
+    known = set(names)
+    return {name: imports_of(name, path, known, module_level_only) for name, path in names.items()}
+
+
+def layering_violations(graph: dict[str, set[str]], root_name: str = "llm_marl") -> list[str]:
+    """``"A -> B"`` for every import from tasks/ into envs/ or learners/."""
+    lower = f"{root_name}.tasks"
+    upper = (f"{root_name}.envs", f"{root_name}.learners")
+
+    def under(module: str, package: str) -> bool:
+        return module == package or module.startswith(package + ".")
+
+    return sorted(
+        f"{a} -> {b}"
+        for a, targets in graph.items()
+        if under(a, lower)
+        for b in targets
+        if any(under(b, u) for u in upper)
+    )
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+# --- the walker finds what it should, on a planted package ----------------------------------------
+
+
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+    return root / "llm_marl"
+
+
+def test_walker_finds_planted_circle_and_lazy_upward_import(tmp_path):
+    pkg = _write(tmp_path, {
+        "llm_marl/__init__.py": "from llm_marl.tasks import Task\n",
+        "llm_marl/tasks/__init__.py": "from llm_marl.tasks.base import Task\n",
+        "llm_marl/tasks/base.py": "import os\nclass Task:\n    pass\n",
+        # a circle through a package __init__: code/__init__ -> code.task -> code (from .. import)
+        "llm_marl/tasks/code/__init__.py": "from .task import CodeTask\n",
+        "llm_marl/tasks/code/task.py": "from llm_marl.tasks.code import helper\nCodeTask = 1\n",
+        "llm_marl/tasks/code/helper.py": "from llm_marl.tasks import code\n",
+        # a lazy upward import: not a circle, but a layering violation
+        "llm_marl/tasks/matrix.py": "def f():\n    from llm_marl.envs import registry\n",
+        "llm_marl/envs/__init__.py": "",
+        "llm_marl/envs/registry.py": "from llm_marl.tasks.base import Task\n",
+        # imports that do not run at import time do not make circles
+        "llm_marl/envs/typed.py": (
+            "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from llm_marl.envs import lazy\n"
+        ),
+        "llm_marl/envs/lazy.py": "def g():\n    from llm_marl.envs import typed\n",
+    })
+    everywhere = import_graph(pkg, module_level_only=False)
+    at_import = import_graph(pkg, module_level_only=True)
+    assert everywhere["llm_marl.tasks.matrix"] == {"llm_marl.envs.registry"}
+    assert at_import["llm_marl.tasks.matrix"] == set()
+    assert at_import["llm_marl.tasks.code"] == {"llm_marl.tasks.code.task"}
+    assert at_import["llm_marl.tasks.code.task"] == {"llm_marl.tasks.code.helper"}
+    assert layering_violations(everywhere) == ["llm_marl.tasks.matrix -> llm_marl.envs.registry"]
+    assert circles(at_import) == [["llm_marl.tasks.code", "llm_marl.tasks.code.helper", "llm_marl.tasks.code.task"]]
+    # with the lazy imports counted, typed <-> lazy would be a circle; at import time it is not
+    assert ["llm_marl.envs.lazy", "llm_marl.envs.typed"] in circles(everywhere)
+
+
+# --- the rules, on the real package ---------------------------------------------------------------
+
+
+def test_tasks_import_nothing_from_envs_or_learners():
+    graph = import_graph(PACKAGE_ROOT, module_level_only=False)
+    assert "llm_marl.tasks.code.reward" in graph and "llm_marl.sandbox" in graph["llm_marl.tasks.code.reward"]
+    assert layering_violations(graph) == []
+
+
+def test_no_import_circle_among_package_modules():
+    graph = import_graph(PACKAGE_ROOT, module_level_only=True)
+    assert "llm_marl.tasks.base" in graph["llm_marl.envs.registry"]  # the registry depends on tasks ...
+    assert not any(m.startswith("llm_marl.tasks.") and m != "llm_marl.tasks.base"
+                   for m in graph["llm_marl.envs.registry"])  # ... but names the shipped ones as strings
+    assert circles(graph) == []
+
+
+def test_readme_layout_matches_the_tree():
+    readme = (PACKAGE_ROOT.parent / "README.md").read_text("utf-8")
+    layout = readme.split("## Layout", 1)[1].split("```")[1]
+    listed = {line.split()[0].rstrip("/") for line in layout.splitlines() if line.startswith("llm_marl/")}
+    top_level = {
+        f"llm_marl/{p.name}" for p in PACKAGE_ROOT.iterdir()
+        if (p.is_dir() and (p / "__init__.py").exists()) or (p.suffix == ".py" and p.name != "__init__.py")
+    }
+    packages = {str(p.parent.relative_to(PACKAGE_ROOT.parent)) for p in PACKAGE_ROOT.rglob("*/__init__.py")}
+    missing_on_disk = {entry for entry in listed if not (PACKAGE_ROOT.parent / entry).exists()}
+    assert missing_on_disk == set()
+    assert (top_level | packages) - listed == set()
+
+
+# --- the old sandbox path -------------------------------------------------------------------------
+
+
+def test_old_sandbox_path_reexports_with_a_deprecation_warning(monkeypatch):
+    import llm_marl.sandbox as new
+
+    monkeypatch.delitem(sys.modules, "llm_marl.tasks.sandbox", raising=False)
+    with pytest.warns(DeprecationWarning, match=r"import llm_marl\.sandbox instead"):
+        old = importlib.import_module("llm_marl.tasks.sandbox")
+    for name in ("run_program", "run_programs", "run_tests", "SandboxResult", "SandboxError"):
+        assert getattr(old, name) is getattr(new, name)
