@@ -156,6 +156,13 @@ def test_reward_levels(add_item, aux, main, expected):
     assert d["score"] == round(sum(d["levels"].values()), 10)
 
 
+def test_a_main_that_spawns_a_process_fails_its_tests(add_item):
+    spawning = "def add(x: int, y: int):\n    import subprocess\n    subprocess.run(['true'])\n    return x + y\n"
+    d = score(add_item, AUX, spawning)
+    assert d["tests_passed"] == 0 and d["score"] == 1.5  # structure + syntax; allowed to run it would be 2.5
+    assert d["first_failure"]["error"].startswith(("PermissionError", "BlockingIOError")), d["first_failure"]
+
+
 def test_reward_details_and_shift(add_item):
     task = CoopCodeTask()
     value, d = task.reward(add_item, {"aux": AUX, "main": HALF}, ())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import stat
@@ -154,7 +155,7 @@ def test_daemonized_grandchild_does_not_survive():
             os._exit(0)
         time.sleep(0.2)
         print("parent done")
-    """, timeout=5.0)
+    """, timeout=5.0, new_processes=True)
     # the run ended with the parent, not at the timeout; _run proves the grandchild is gone
     assert result.ok and result.reason == "ok" and not result.timed_out and result.stdout == "parent done\n"
 
@@ -181,7 +182,7 @@ def test_process_limit_binds_before_fork_and_thread_bombs():
         print("forked", len(children))
         for pid in children:
             os.waitpid(pid, 0)
-    """, max_processes=3, timeout=5.0)
+    """, max_processes=3, timeout=5.0, new_processes=True)
     assert harmless.ok, harmless
     assert harmless.stdout.split("\n")[:2] == ["refused BlockingIOError", "forked 2"]
     threads = _run("""
@@ -201,7 +202,7 @@ def test_process_limit_binds_before_fork_and_thread_bombs():
         import os
         while True:
             os.fork()
-    """, timeout=1.5)
+    """, timeout=1.5, new_processes=True)
     assert not fork_bomb.ok and fork_bomb.reason
     thread_bomb = _run("""
         import threading, time
@@ -210,6 +211,147 @@ def test_process_limit_binds_before_fork_and_thread_bombs():
     """, timeout=1.5)
     assert not thread_bomb.ok
     assert thread_bomb.reason == "exit code 1: RuntimeError: can't start new thread"
+
+
+def _seccomp_expected() -> bool:
+    import platform
+
+    try:
+        status = Path("/proc/self/status").read_text()
+    except OSError:
+        return False
+    return platform.machine() in ("x86_64", "aarch64") and "Seccomp:" in status
+
+
+# As root the uid drop allows a process cap of 1 at least; elsewhere the seccomp filter.
+NOPROC_EXPECTED = ROOT or _seccomp_expected()
+REFUSED = r"exit code 1: (PermissionError: \[Errno 1\]|BlockingIOError: \[Errno 11\])"
+
+
+def _require_noproc(result) -> None:
+    if NOPROC_EXPECTED:
+        assert "no-new-processes" in result.protections, result.protections
+    else:
+        _require(result, "no-new-processes")
+
+
+def _psutil_leftovers(marker: str) -> list[int]:
+    """Pids of live processes whose environment holds marker, as psutil sees them."""
+    psutil = pytest.importorskip("psutil")
+    found = []
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get("SANDBOX_TEST_MARKER") == marker:
+                found.append(process.pid)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+def _run_hostile(code: str, **limits):
+    """_run, and psutil agrees that nothing the program tried to start is running."""
+    marker = f"sandbox-test-{uuid.uuid4().hex}"
+    limits["env"] = {**limits.get("env", {}), "SANDBOX_TEST_MARKER": marker}
+    result = run_program(textwrap.dedent(code), **limits)
+    _assert_nothing_left(marker)
+    assert _psutil_leftovers(marker) == []
+    return result
+
+
+SPAWNS = {
+    "subprocess": "import subprocess\nsubprocess.run(['sh', '-c', 'echo pwned; sleep 60 &'])",
+    "popen-daemon": "import subprocess\nsubprocess.Popen(['sleep', '60'], start_new_session=True)",
+    "fork": "import os, time\nif os.fork() == 0:\n    print('pwned'); time.sleep(60)",
+    "posix_spawn": "import os\nos.posix_spawn('/bin/sh', ['sh', '-c', 'echo pwned'], {})",
+    "multiprocessing": "import multiprocessing\nmultiprocessing.Process(target=print, args=('pwned',)).start()",
+}
+
+
+@pytest.mark.parametrize("how", sorted(SPAWNS))
+def test_a_program_cannot_spawn_a_subprocess(how):
+    result = _run_hostile(SPAWNS[how] + "\nprint('spawned')\n", timeout=5.0)
+    _require_noproc(result)
+    assert not result.ok and "pwned" not in result.stdout and "spawned" not in result.stdout
+    assert re.match(REFUSED, result.reason), result.reason
+    assert not result.timed_out  # refused at once: nothing to wait for
+
+
+def test_os_system_starts_no_shell():
+    result = _run_hostile("""
+        import os
+        status = os.system("echo pwned; sleep 60 &")
+        raise SystemExit(f"os.system returned {status}")
+    """, timeout=5.0)
+    _require_noproc(result)
+    assert "pwned" not in result.stdout
+    assert not result.ok and result.reason == "exit code 1: os.system returned 32512"  # 127: no shell
+
+
+@pytest.mark.parametrize("call", [
+    "os.execv('/bin/sh', ['sh', '-c', 'echo pwned; sleep 60'])",
+    "os.execvp('sh', ['sh', '-c', 'echo pwned'])",
+    "os.execve(sys.executable, [sys.executable, '-c', 'print(\"pwned\")'], {})",
+])
+def test_a_program_cannot_exec_a_shell(call):
+    result = _run_hostile(f"import os, sys\n{call}\nprint('still python')\n", timeout=5.0)
+    _require_noproc(result)
+    assert not result.ok and "pwned" not in result.stdout and "still python" not in result.stdout
+    assert re.match(r"exit code 1: PermissionError: \[Errno 1\]", result.reason), result.reason
+
+
+def test_threads_work_without_new_processes():
+    result = _run("""
+        import threading
+        from concurrent.futures import ThreadPoolExecutor
+        with open("/proc/self/status") as status:
+            if "Seccomp:\\t2" not in status.read():
+                raise SystemExit("no seccomp filter")
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            print(sum(pool.map(lambda x: x * x, range(100))))
+        lock = threading.Lock()
+        with lock:
+            print(threading.active_count())
+    """, timeout=5.0)
+    _require_noproc(result)
+    if result.stderr.strip() == "no seccomp filter":
+        pytest.skip("the fallback (a process cap of 1) refuses threads too")
+    assert result.ok, result
+    assert result.stdout.split() == ["328350", "1"]
+
+
+def test_a_spawning_program_fails_its_tests_with_the_reason():
+    report = run_tests("import subprocess\nsubprocess.run(['true'])\ndef f():\n    return 1\n",
+                       ["assert f() == 1"])
+    _require_noproc(report.sandbox)
+    assert report.load_error.error_type in ("PermissionError", "BlockingIOError") and not report.all_passed
+    assert report.results[0].error_type == "NotRun"
+
+
+def test_new_processes_true_lets_a_program_fork_within_max_processes():
+    result = _run("""
+        import os
+        pid = os.fork()
+        if pid == 0:
+            os._exit(7)
+        print(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    """, timeout=5.0, new_processes=True)
+    assert result.ok and result.stdout == "7\n"
+    assert "no-new-processes" not in result.protections
+
+
+@pytest.mark.skipif(not ROOT, reason="the fallback cap needs the uid drop (root)")
+def test_without_seccomp_root_caps_the_dropped_uid_at_one_process(monkeypatch):
+    import dataclasses
+
+    from llm_marl.sandbox import runner
+
+    probed = runner._isolation(True)
+    monkeypatch.setattr(runner, "_isolation", lambda namespaces: dataclasses.replace(probed, seccomp=False))
+    spawn = _run_hostile(SPAWNS["subprocess"] + "\nprint('spawned')\n", timeout=5.0)
+    assert "no-new-processes" in spawn.protections and "spawned" not in spawn.stdout
+    assert re.match(REFUSED, spawn.reason), spawn.reason
+    thread = _run("import threading\nthreading.Thread(target=print).start()\n", timeout=5.0)
+    assert thread.reason == "exit code 1: RuntimeError: can't start new thread"  # the trade-off
 
 
 def test_killing_the_parent_and_the_trainer_fails():
@@ -355,7 +497,7 @@ def test_fallback_without_namespaces_still_bounds_and_cleans_up():
     system_python = shutil.which("python3", path="/usr/bin:/bin")
     if system_python is None or not _reachable(system_python):
         pytest.skip("no interpreter reachable by an unprivileged uid")
-    limits = dict(namespaces=False, python=system_python, timeout=5.0)
+    limits = dict(namespaces=False, python=system_python, timeout=5.0, new_processes=True)
     harmless = _run("""
         import os
         try:

@@ -56,6 +56,22 @@ What depends on privileges (named in ``SandboxResult.protections``)
   rest of them. When the program ends or is killed the pid namespace dies with it: nothing it
   started, daemons included, survives.
 - ``"user-namespace"``: the unprivileged form of the above; the program keeps your uid.
+- ``"no-new-processes"`` (unless ``new_processes=True``): the program cannot start another
+  process or replace itself. A seccomp filter, installed by a prelude in the program's own
+  interpreter before the first line of the program runs (classic BPF through ``prctl``, via
+  ``ctypes``; x86_64 and aarch64), makes ``fork``, ``vfork``, ``execve``, ``execveat`` and a
+  ``clone`` without ``CLONE_THREAD`` fail with EPERM, and ``clone3`` with ENOSYS (the C
+  library then creates threads with ``clone``): ``subprocess``, ``os.system`` (status 127),
+  ``os.fork``, ``os.exec*``, ``os.posix_spawn`` and ``multiprocessing`` raise
+  ``PermissionError`` (or fail) and start nothing, while threads keep working (still bounded
+  by ``max_processes``). Its availability is probed once per process; where the filter cannot
+  be installed, root falls back to a process cap of 1 for the dropped uid (RLIMIT_NPROC),
+  which refuses threads too (the trade-off: ``RuntimeError: can't start new thread``), and
+  otherwise programs may start processes, bounded by ``max_processes`` (a logged warning).
+  A program that spawns is an ordinary failed result: ``"exit code 1: PermissionError:
+  [Errno 1] Operation not permitted"``. The interpreter (``python=``) must be able to import
+  ``ctypes``; if the filter ever fails to install, the program does not run (exit status 125,
+  a ``llm_marl-sandbox:`` line on stderr).
 
 What it does not protect against
 --------------------------------
@@ -66,8 +82,9 @@ What it does not protect against
   user and can signal your processes (even the supervisor, which then raises SandboxError),
   the process limit counts all of your processes (so it may refuse any fork), and a program
   that calls ``setsid()`` can leave processes behind.
-- Kernel exploits and side channels. There is no seccomp filter and no cgroup: ``memory_mb``
-  bounds each process, so a program may use up to ``max_processes * memory_mb``.
+- Kernel exploits and side channels. The seccomp filter only refuses new processes; there is
+  no cgroup: ``memory_mb`` bounds each process (with ``new_processes=True`` a program may use
+  up to ``max_processes * memory_mb``).
 - With namespaces, POSIX shared memory and semaphores (``multiprocessing`` locks) do not work.
 - :func:`run_tests` is as honest as the program: the harness and the program share one
   interpreter, so a program written to inspect the harness can forge its verdicts (it still

@@ -6,7 +6,8 @@ caller's privileges. It reads its configuration (JSON) from the pipe ``fd`` and 
 - launcher L: enters the namespaces, waits for I;
 - init I (pid 1 of the new pid namespace): sets up the file system, reaps, reports the
   program's exit status, kills what the program left;
-- program: limits itself, drops its uid and execs the interpreter on the program file.
+- program: limits itself, drops its uid and execs the interpreter on the program file (through
+  the prelude ``_noproc.py``, which first refuses new processes, when ``CONFIG["prelude"]``).
 
 SIGTERM to L asks for a stop: L forwards it to I, which SIGKILLs the program's process group
 and reports. L outlives I, so once L has exited the pid namespace is empty. Status lines (JSON)
@@ -139,7 +140,8 @@ def become_program():
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, TERM)
     python = CONFIG["python"]
-    os.execve(python, [python, "-I", "-S", "-B", CONFIG["program"]], CONFIG["env"])
+    prelude = ["-c", CONFIG["prelude"]] if CONFIG.get("prelude") else []  # no new processes
+    os.execve(python, [python, "-I", "-S", "-B"] + prelude + [CONFIG["program"]], CONFIG["env"])
 
 
 def kill_group(pgid):

@@ -44,6 +44,7 @@ _UID_RANGE = (1 << 24, 1 << 30)  # fresh uids are drawn from here; far above rea
 # the program), so nothing in the sandbox needs to reach this package's files.
 _SUPERVISOR = (resources.files(__package__) / "_supervisor.py").read_text("utf-8")
 _HARNESS = (resources.files(__package__) / "_harness.py").read_text("utf-8")
+_NOPROC = (resources.files(__package__) / "_noproc.py").read_text("utf-8")
 
 
 class SandboxError(RuntimeError):
@@ -89,14 +90,17 @@ class _Limits(NamedTuple):
     stdin: str | None
     env: dict[str, str]
     python: str | None
+    new_processes: bool
 
 
 @dataclass(frozen=True)
 class _Isolation:
-    """What this process can set up: namespaces (and whether through a user namespace)."""
+    """What this process can set up: namespaces (and whether through a user namespace), and
+    the seccomp filter that refuses new processes."""
 
     namespaces: bool
     userns: bool
+    seccomp: bool = False
 
 
 # --------------------------------------------------------------------------------------------
@@ -114,16 +118,24 @@ def _isolation(namespaces: bool) -> _Isolation:
         return _isolation_cache[namespaces]
 
 
+_PROBE_LIMITS = _Limits(
+    timeout=30.0, memory_mb=512, max_output_bytes=65536, max_file_bytes=1 << 20,
+    max_disk_bytes=1 << 20, max_processes=4, cpu_time=None, stdin=None, env={}, python=None,
+    new_processes=True)
+
+
 def _probe(namespaces: bool) -> _Isolation:
+    isolation = _probe_namespaces(namespaces)
+    return dataclasses.replace(isolation, seccomp=_probe_seccomp(isolation))
+
+
+def _probe_namespaces(namespaces: bool) -> _Isolation:
     fallback = _Isolation(namespaces=False, userns=False)
     if not namespaces:
         return fallback
     candidate = _Isolation(namespaces=True, userns=os.geteuid() != 0)
     try:
-        result = _launch("pass", candidate, _Limits(
-            timeout=30.0, memory_mb=512, max_output_bytes=65536, max_file_bytes=1 << 20,
-            max_disk_bytes=1 << 20, max_processes=4, cpu_time=None, stdin=None, env={},
-            python=None))
+        result = _launch("pass", candidate, _PROBE_LIMITS)
     except SandboxError as exc:
         logger.warning("sandbox: Linux namespaces unavailable (%s); isolation is weaker", exc)
         return fallback
@@ -131,6 +143,26 @@ def _probe(namespaces: bool) -> _Isolation:
         logger.warning("sandbox: namespace probe failed (%s); isolation is weaker", result.reason)
         return fallback
     return candidate
+
+
+def _probe_seccomp(isolation: _Isolation) -> bool:
+    """Whether the program prelude can install its seccomp filter here (Linux on x86_64 or
+    aarch64 with seccomp): a trivial program is run with it."""
+    try:
+        result = _launch("pass", dataclasses.replace(isolation, seccomp=True),
+                         _PROBE_LIMITS._replace(new_processes=False))
+    except SandboxError as exc:
+        result = None
+        why = str(exc)
+    else:
+        why = result.stderr.strip() or result.reason
+    if result is None or not result.ok:
+        fallback = ("a process cap of 1 for the sandbox's uid (threads are refused too)"
+                    if os.geteuid() == 0 else "nothing: programs may start processes")
+        logger.warning("sandbox: no seccomp filter against new processes (%s); fallback: %s",
+                       why, fallback)
+        return False
+    return True
 
 
 def _enterable(path: str) -> bool:
@@ -165,6 +197,12 @@ def _launch(code: str, isolation: _Isolation, limits: _Limits) -> SandboxResult:
     protections = ["rlimits", "fresh-tmpdir", "clean-env", "no-new-privs"]
     if root:
         protections.append("uid-drop")
+    # No new processes: the seccomp prelude, else (as root) a process cap of 1 for the
+    # dropped uid, which refuses threads too; else nothing.
+    prelude = None if limits.new_processes or not isolation.seccomp else _NOPROC
+    capped = not limits.new_processes and not isolation.seccomp and root
+    if prelude is not None or capped:
+        protections.append("no-new-processes")
     if isolation.namespaces:
         protections += ["pid-namespace", "net-namespace", "read-only-fs"]
         if isolation.userns:
@@ -185,7 +223,7 @@ def _launch(code: str, isolation: _Isolation, limits: _Limits) -> SandboxResult:
         cpu = math.ceil(limits.timeout + 1 if limits.cpu_time is None else limits.cpu_time)
         memory = limits.memory_mb * 1024 * 1024
         # In a user namespace the launcher and init count against the same process limit.
-        processes = limits.max_processes + (2 if isolation.userns else 0)
+        processes = (1 if capped else limits.max_processes) + (2 if isolation.userns else 0)
         config = {
             "caller": os.getpid(),
             "namespaces": isolation.namespaces,
@@ -193,6 +231,7 @@ def _launch(code: str, isolation: _Isolation, limits: _Limits) -> SandboxResult:
             "uid": uid,
             "python": python,
             "program": program,
+            "prelude": prelude,
             "workdir": workdir,
             "workdir_options": f"size={limits.max_disk_bytes},nr_inodes=16384,mode=0700,"
                                f"uid={owner[0]},gid={owner[1]}",
@@ -307,6 +346,7 @@ def run_program(
     env: Mapping[str, str] | None = None,
     python: str | None = None,
     namespaces: bool = True,
+    new_processes: bool = False,
 ) -> SandboxResult:
     """Run untrusted Python ``code`` in a fresh, limited interpreter process; never raises for
     anything the program does.
@@ -317,8 +357,11 @@ def run_program(
     with namespaces). ``max_processes``: processes and threads at once, the program included.
     ``cpu_time``: CPU seconds per process (default ``timeout`` + 1). ``stdin``: text fed to the
     program. ``env``: extra environment variables. ``python``: interpreter to run (default:
-    this one). ``namespaces``: use Linux namespaces where available (False: rlimits and the
-    uid drop only). Raises :class:`SandboxError` when the sandbox cannot be set up.
+    this one; it must be able to import ``ctypes`` to refuse new processes). ``namespaces``:
+    use Linux namespaces where available (False: rlimits and the uid drop only).
+    ``new_processes``: let the program start processes (fork, exec, subprocess), bounded by
+    ``max_processes``; by default it cannot. Raises :class:`SandboxError` when the sandbox
+    cannot be set up.
     """
     if not isinstance(code, str):
         raise TypeError(f"code must be a str, got {type(code).__name__}")
@@ -338,7 +381,7 @@ def run_program(
     limits = _Limits(timeout=timeout, memory_mb=memory_mb, max_output_bytes=max_output_bytes,
                      max_file_bytes=max_file_bytes, max_disk_bytes=max_disk_bytes,
                      max_processes=max_processes, cpu_time=cpu_time, stdin=stdin,
-                     env=dict(env or {}), python=python)
+                     env=dict(env or {}), python=python, new_processes=bool(new_processes))
     return _launch(code, _isolation(namespaces), limits)
 
 
