@@ -254,6 +254,62 @@ MUTANTS: list[Mutant] = [
         '"RLIMIT_NPROC": (100000, 100000),',
         ("tests/test_sandbox.py::test_process_limit_binds_before_fork_and_thread_bombs",),
     ),
+    Mutant(
+        'transitions run for every branch (eager stepping even where the env splits the step)',
+        'llm_marl/learners/tree.py',
+        'self.lazy = callable(getattr(env, "step_rewards", None)) and callable(getattr(env, "advance", None))',
+        'self.lazy = False',
+        ('tests/test_lazy_transitions.py',),
+    ),
+    Mutant(
+        "config num_turns and the env's horizon may disagree",
+        'llm_marl/learners/reinforce.py',
+        '        check_horizon(self.env, self.args.num_turns, "env")\n',
+        '',
+        ('tests/test_trainer_checks.py',),
+    ),
+    Mutant(
+        'evaluation falls back to the training items',
+        'llm_marl/learners/reinforce.py',
+        'self.eval_env, self.no_eval_reason = _eval_split(self.env)',
+        'self.eval_env, self.no_eval_reason = _eval_split(self.env)[0] or self.env, None',
+        ('tests/test_honest_eval.py',),
+    ),
+    Mutant(
+        "one agent steps before the others' losses are checked",
+        'llm_marl/learners/reinforce.py',
+        'failed = next((r.error for r in results if r.error), None)',
+        'failed = None',
+        ('tests/test_atomic_update.py',),
+    ),
+    Mutant(
+        'two agents may share one set of weights',
+        'llm_marl/learners/checks.py',
+        '            if first != agent:\n',
+        '            if False:\n',
+        ('tests/test_trainer_checks.py',),
+    ),
+    Mutant(
+        'early_termination_threshold=nan accepted',
+        'llm_marl/learners/config.py',
+        '            _finite(self, "early_termination_threshold")\n',
+        '            pass\n',
+        ('tests/test_trainer_checks.py',),
+    ),
+    Mutant(
+        'sandboxed code may start processes (no seccomp prelude)',
+        'llm_marl/sandbox/runner.py',
+        'prelude = None if limits.new_processes or not isolation.seccomp else _NOPROC',
+        'prelude = None',
+        ('tests/test_sandbox.py::test_a_program_cannot_spawn_a_subprocess', 'tests/test_sandbox.py::test_a_program_cannot_exec_a_shell'),
+    ),
+    Mutant(
+        'the seccomp filter also refuses threads',
+        'llm_marl/sandbox/_noproc.py',
+        'code.append((jset, to("ALLOW"), to("DENY"), clone_thread))',
+        'code.append((jset, to("DENY"), to("DENY"), clone_thread))',
+        ('tests/test_sandbox.py::test_threads_work_without_new_processes',),
+    ),
 ]
 
 
