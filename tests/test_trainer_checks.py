@@ -142,6 +142,15 @@ def test_a_raw_model_as_policy_is_refused_naming_the_agent():
         MAGRPOTrainer(env=DialogueEnv(Steps(1)), policies=[TabularPolicy(["x", "y"]), FakeHFModel()], args=args)
 
 
+def test_a_real_hugging_face_model_as_policy_is_refused():
+    from llm_marl.policies.tiny import load_tiny
+
+    model, _ = load_tiny()
+    args = MAGRPOConfig(num_turns=1, **FAST)
+    with pytest.raises(TypeError, match=rf"policy of agent 'a' is a {type(model).__name__}.*CausalLMPolicy"):
+        MAGRPOTrainer(env=DialogueEnv(Steps(1)), policies={"a": model, "b": TabularPolicy(["x", "y"])}, args=args)
+
+
 def test_drop_in_agents_with_one_model_object_twice_raise():
     from llm_marl.policies.tiny import load_tiny
 
