@@ -2,6 +2,10 @@
 
 from llm_marl.envs import DialogueEnv, make, register
 from llm_marl.learners import (
+    IACConfig,
+    IACTrainer,
+    MAACConfig,
+    MAACTrainer,
     MAGRPOConfig,
     MAGRPOTrainer,
     MAREINFORCEConfig,
@@ -20,6 +24,10 @@ __all__ = [
     "CooperativeTask",
     "DialogueEnv",
     "FunctionTask",
+    "IACConfig",
+    "IACTrainer",
+    "MAACConfig",
+    "MAACTrainer",
     "MAGRPOConfig",
     "MAGRPOTrainer",
     "MAREINFORCEConfig",

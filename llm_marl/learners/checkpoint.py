@@ -7,6 +7,8 @@ A checkpoint is the folder ``output_dir/checkpoint-{global_step}`` holding
   ``state_dict``) and optimizer state, plus ``agent_{i}/reference.pt`` with reference KL;
 - ``rng.pt``: Python, NumPy, torch (and CUDA) RNG states and the policies' own generators;
 - ``buffers.pt``: the per-agent rollout buffers and the metrics not yet logged;
+- ``{name}.pt`` for each of the trainer's ``checkpoint_extras()`` (actor-critic: ``critic_{i}.pt``
+  and ``critic_{i}_optimizer.pt``);
 - ``manifest.json``, written last: the size and SHA-256 of every other file.
 
 Writes are atomic: files go to a hidden temporary folder that is renamed into place only when
@@ -61,6 +63,8 @@ def save(trainer: Any) -> str:
             torch.save(trainer.optimizers[agent].state_dict(), os.path.join(folder, "optimizer.pt"))
         if trainer.reference_policies is not None and hasattr(trainer.reference_policies[agent], "state_dict"):
             torch.save(trainer.reference_policies[agent].state_dict(), os.path.join(folder, "reference.pt"))
+    for name, extra in _extras(trainer).items():
+        torch.save(extra.state_dict(), os.path.join(tmp, f"{name}.pt"))
     torch.save(_rng_state(trainer), os.path.join(tmp, "rng.pt"))
     torch.save(
         {"buffers": {a: list(b.samples) for a, b in trainer.buffers.items()}, "pending": trainer._pending},
@@ -92,6 +96,11 @@ def load(trainer: Any, path: str) -> None:
         reference = os.path.join(folder, "reference.pt")
         if trainer.reference_policies is not None and os.path.exists(reference):
             trainer.reference_policies[agent].load_state_dict(torch.load(reference, weights_only=False))
+    for name, extra in _extras(trainer).items():
+        file = os.path.join(path, f"{name}.pt")
+        if not os.path.exists(file):
+            raise CheckpointError(f"{path}: {name}.pt is missing (saved by a trainer without {name})")
+        extra.load_state_dict(torch.load(file, weights_only=False))
     _restore_rng(trainer, torch.load(os.path.join(path, "rng.pt"), weights_only=False))
     extra = torch.load(os.path.join(path, "buffers.pt"), weights_only=False)
     from llm_marl.learners.buffer import RolloutBuffer
@@ -100,6 +109,13 @@ def load(trainer: Any, path: str) -> None:
     trainer._pending = extra["pending"]
     fields = {f.name for f in dataclasses.fields(trainer.state)}
     trainer.state = type(trainer.state)(**{k: v for k, v in saved["state"].items() if k in fields})
+
+
+def _extras(trainer: Any) -> dict[str, Any]:
+    """What a trainer saves beside its agents (``checkpoint_extras()``: name -> object with
+    ``state_dict``/``load_state_dict``, e.g. actor-critic critics and their optimizers)."""
+    extras = getattr(trainer, "checkpoint_extras", None)
+    return dict(extras()) if extras is not None else {}
 
 
 def verify(path: str) -> None:

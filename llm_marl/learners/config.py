@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, ClassVar, Sequence
 
 JOINT_MODES = ("aligned", "cross", "crossed")
 ADVANTAGE_MODES = ("mean", "max", "rloo", "raw")
@@ -30,6 +30,9 @@ ERROR_POLICIES = ("raise", "skip")
 @dataclass
 class MAGRPOConfig:
     """Configuration of :class:`~llm_marl.learners.reinforce.MAGRPOTrainer` (baseline: group mean)."""
+
+    min_generations: ClassVar[int] = 2
+    """The smallest num_generations allowed (a group baseline needs two answers)."""
 
     # --- the specification's fields (SPEC.md §6) ---
     num_agents: int = 2
@@ -140,7 +143,7 @@ class MAGRPOConfig:
         _at_least(self, "num_turns", 1)
         _at_least(self, "num_train_epochs", 0)
         _at_least(self, "logging_steps", 1)
-        _at_least(self, "num_generations", 2)
+        _at_least(self, "num_generations", self.min_generations)
         _at_least(self, "max_new_tokens", 1)
         _at_least(self, "rollout_buffer_size", 1)
         if self.train_batch_size is not None:

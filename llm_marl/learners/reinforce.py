@@ -319,14 +319,7 @@ class MAGRPOTrainer:
                 print(f"[llm_marl] skipped item {root.index}: {root.error}")
         roots = [root for root in roots if root.error is None]
         try:
-            samples = samples_from_trees(
-                roots,
-                self.agents,
-                advantage_mode=args.advantage_mode,
-                normalize=args.advantage_normalization,
-                kl_penalty=self._kl_penalty if self.reference_policies is not None else None,
-                kl_coef=args.reference_kl_coef,
-            )
+            samples = self._samples(roots)
         except FloatingPointError as exc:
             self._in_training(exc, "a return")
             raise
@@ -349,6 +342,18 @@ class MAGRPOTrainer:
                 self._note(f"train/{sample.agent}/kl_mean", float(np.mean(sample.kl)))
         for name, value in metrics.items():
             self._note(name, value)
+
+    def _samples(self, roots: list[RolloutNode]) -> list[Sample]:
+        """The training samples of a batch's trees, node by node, agents in order within a node."""
+        args = self.args
+        return samples_from_trees(
+            roots,
+            self.agents,
+            advantage_mode=args.advantage_mode,
+            normalize=args.advantage_normalization,
+            kl_penalty=self._kl_penalty if self.reference_policies is not None else None,
+            kl_coef=args.reference_kl_coef,
+        )
 
     def _in_training(self, exc: Exception, what: str) -> None:
         """Complete ``exc``'s message (rollout errors name item and turn) with where training
@@ -384,7 +389,7 @@ class MAGRPOTrainer:
                 if hasattr(policy, "pending_observations"):
                     policy.add_observations(self.dist.union(policy.pending_observations()))
         size = self.args.resolved_train_batch_size
-        batches = {agent: self.buffers[agent].batches(size) for agent in self.agents}
+        batches = {agent: self._minibatches(agent, size) for agent in self.agents}
         counts = {agent: self.dist.max(len(batches[agent])) for agent in self.agents}
         for i in range(max(counts.values())):
             step = {
@@ -398,11 +403,16 @@ class MAGRPOTrainer:
                     self.buffers[agent].discard(len(batches[agent][i]))
             self.state.global_step += 1
 
+    def _minibatches(self, agent: str, size: int) -> list[list[Sample]]:
+        """``agent``'s buffer as this update's consecutive mini-batches (kept in the buffer until trained on)."""
+        return self.buffers[agent].batches(size)
+
     def _joint_optimizer_step(self, step: dict[str, list[Sample]]) -> None:
         """One optimizer step of every agent in ``step`` (agent -> mini-batch), or of none."""
         agents = list(step)
         concurrent = self.args.parallel_training == "mp" and not self.dist.enabled and len(agents) > 1
         results: list[_Backward] = []
+        others: list[tuple[str, torch.optim.Optimizer, _Backward]] = []
         try:
             if concurrent:
                 with ThreadPoolExecutor(max_workers=len(agents)) as pool:
@@ -413,14 +423,17 @@ class MAGRPOTrainer:
                     if results[-1].error:
                         break
             failed = next((r.error for r in results if r.error), None)
+            if not failed:
+                others = self._other_backwards(step)
+                failed = next((r.error for _, _, r in others if r.error), None)
             if failed:
                 raise FloatingPointError(
                     f"{failed}; no agent was updated (weights, optimizer states, buffered samples and "
                     f"global_step are as before this step){self._last_good()}"
                 )
         except BaseException:
-            for agent in agents:
-                self.optimizers[agent].zero_grad(set_to_none=True)
+            for optimizer in [self.optimizers[agent] for agent in agents] + [o for _, o, _ in others]:
+                optimizer.zero_grad(set_to_none=True)
             raise
         for agent, result in zip(agents, results):
             self.optimizers[agent].step()
@@ -429,27 +442,50 @@ class MAGRPOTrainer:
             self._note(f"train/{agent}/grad_norm", result.grad_norm)
             if result.log_prob_mean is not None:
                 self._note(f"train/{agent}/logprob_mean", result.log_prob_mean)
+        for name, optimizer, result in others:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            self._note(f"train/{name}/loss", result.loss)
+            self._note(f"train/{name}/grad_norm", result.grad_norm)
+
+    def _other_backwards(self, step: dict[str, list[Sample]]) -> list[tuple[str, torch.optim.Optimizer, "_Backward"]]:
+        """Gradients of what else learns from this step's mini-batches, after every agent's
+        gradient is known to be finite: ``(metric name, optimizer, _Backward)`` each, stepped
+        together with the agents or not at all. None here; actor-critic learners: their critics."""
+        return []
 
     def _backward(self, agent: str, batch: list[Sample]) -> "_Backward":
         """Gradient of the mean sample loss of ``batch`` (of the union of the ranks' batches) in
         the agent's parameters, summed over ranks and clipped; nothing is stepped."""
-        policy, optimizer, params = self.policies[agent], self.optimizers[agent], self.trainable[agent]
+        optimizer, params = self.optimizers[agent], self.trainable[agent]
         total = self.dist.sum(len(batch))
         optimizer.zero_grad(set_to_none=True)
         local = torch.zeros((), dtype=torch.float64)
         log_prob_mean = None
         if batch:
-            observations = [s.observation for s in batch for _ in s.completions]
-            completions = [c for s in batch for c in s.completions]
-            log_probs = policy.log_probs(observations, completions, reduction=self.args.logprob_reduction)
-            advantages = torch.tensor([a for s in batch for a in s.advantages], device=log_probs.device)
-            losses = sample_losses(log_probs, advantages, [len(s.completions) for s in batch])
-            local = losses.sum() / total
-            if torch.isfinite(local):
-                local.backward()
-            log_prob_mean = log_probs.detach().mean().item()
+            loss_sum, log_prob_mean = self._loss_sum(agent, batch)
+            local = loss_sum / total
+        return self._gradient(f"agent {agent!r}", params, local, batch, log_prob_mean)
+
+    def _loss_sum(self, agent: str, batch: list[Sample]) -> tuple[torch.Tensor, float]:
+        """The sum over ``batch`` of each sample's loss mean_k(-A_k log pi(answer_k)), differentiable,
+        and the mean log pi of its answers."""
+        observations = [s.observation for s in batch for _ in s.completions]
+        completions = [c for s in batch for c in s.completions]
+        log_probs = self.policies[agent].log_probs(observations, completions, reduction=self.args.logprob_reduction)
+        advantages = torch.tensor([a for s in batch for a in s.advantages], device=log_probs.device)
+        losses = sample_losses(log_probs, advantages, [len(s.completions) for s in batch])
+        return losses.sum(), log_probs.detach().mean().item()
+
+    def _gradient(
+        self, who: str, params: list[torch.nn.Parameter], local: torch.Tensor, batch: list[Sample], log_prob_mean: float | None = None
+    ) -> "_Backward":
+        """Backpropagate this rank's share ``local`` of a mini-batch loss, sum the gradients of
+        ``params`` over ranks and clip them; errors name ``who``, the optimizer step and the items."""
+        if local.requires_grad and torch.isfinite(local):
+            local.backward()
         loss = self.dist.sum(local.item())
-        where = f"agent {agent!r}, optimizer step {self.state.global_step + 1}, items {sorted({s.index for s in batch})}"
+        where = f"{who}, optimizer step {self.state.global_step + 1}, items {sorted({s.index for s in batch})}"
         if not math.isfinite(loss):
             return _Backward(loss, math.nan, log_prob_mean, f"{where}: loss is {loss}")
         self.dist.sum_gradients(params)

@@ -40,6 +40,7 @@ import gymnasium
 import torch
 from pettingzoo import ParallelEnv
 
+from llm_marl.learners.actor_critic_math import should_stop
 from llm_marl.learners.advantages import agent_returns, discounted_return
 from llm_marl.policies.base import Completion, Policy
 from llm_marl.tasks.base import TaskError
@@ -270,10 +271,7 @@ def grow_trees(
             node.rewards = [shared_reward(rewards, agents, where) for rewards, *_ in stepper.results]
             node.details = [_details(infos, agents) for *_, infos in stepper.results]
             node.children = [None] * len(combos)
-            stop = (
-                early_termination_threshold is not None
-                and sum(node.rewards) / len(node.rewards) > early_termination_threshold
-            )
+            stop = should_stop(node.rewards, early_termination_threshold)
             if stop or depth == num_turns - 1:
                 continue
             for j, (_, terminations, truncations, _) in enumerate(stepper.results):

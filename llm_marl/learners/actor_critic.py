@@ -1,0 +1,456 @@
+"""Actor-critic learners: IAC (a critic per agent) and MAAC (one central critic), SPEC-actor-critic.md.
+
+They run the REINFORCE learners' loop (:mod:`llm_marl.learners.reinforce`) and differ from it in
+four named pieces:
+
+* ``_samples``: a trajectory is a rollout tree with G aligned answers per node (G =
+  ``num_generations``; answer g of every agent forms joint action g; G = 1 gives one chain per
+  item). Each (node, agent) becomes an :class:`ACSample` with the shaped rewards r̃ = R − β·KL,
+  the critic's rollout-time values, the one-step TD targets y = r̃ + γ·V_old(h') (y = r̃ where the
+  episode ended: last turn, early stop or env termination) and the advantages A = y − V_old(h).
+* ``_minibatches``: the buffered samples of an agent are whitened together (one group per agent
+  per update, all turns pooled) and cut, in collection order, into mini-batches.
+* ``_loss_sum``: the actor loss mean(−ℓ_θ·Â); with ``use_separate_critic=False`` plus the value
+  loss c_v·mean e, in ONE step of the actor's optimizer (which then holds the critic's head too).
+* ``_other_backwards``: separate critics take their own AdamW steps on the value loss, one per
+  mini-batch — IAC's critic i on agent i's mini-batches; MAAC's central critic once per *joint*
+  mini-batch on all agents' outputs together — in the same all-or-nothing step as the actors.
+
+Critics follow :class:`~llm_marl.policies.critic.Critic`. IAC's critic i reads agent i's
+observation (``critic_type="v"``) or its observation and answer (``"q"``); MAAC's reads the joint
+observation text (:func:`~llm_marl.policies.critic.joint_observation`) and has one output per
+agent. Without ``critics=`` each agent gets a default: a :class:`TabularCritic` for a tabular
+policy, a :class:`CausalLMCritic` (a copy of the actor's model, or a head on the actor's own model
+when ``use_separate_critic=False``) for a language-model policy.
+
+With ``critic_type="q"`` the critic also reads V(h) at the prompt's end and both are regressed on
+y; the actor's advantage is Q_old(h, a) − V_old(h) and the bootstrap is V_old(h'), so the baseline
+never depends on the action (SPEC §6 Q7).
+
+Constructors: env-native ``IACTrainer(env=..., policies=..., critics=None, args=IACConfig(...))``,
+or the anchor library's keywords (``agent_model``/``agents``, ``critic_model``/``critics``,
+``reward_func``, ``formatters``, ``external_transition``, ``metrics_callback``, ...).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from llm_marl.learners import actor_critic_math as acm
+from llm_marl.learners.actor_critic_config import IACConfig, MAACConfig
+from llm_marl.learners.buffer import Sample
+from llm_marl.learners.reinforce import MAGRPOTrainer, default_optimizer
+from llm_marl.learners.tree import RolloutNode, iter_nodes
+from llm_marl.policies.base import Completion
+from llm_marl.policies.critic import Critic, joint_observation
+from llm_marl.policies.tabular_critic import TabularCritic
+
+__all__ = ["ACSample", "ActorCriticTrainerBase", "IACConfig", "IACTrainer", "MAACConfig", "MAACTrainer"]
+
+
+@dataclass
+class ACSample(Sample):
+    """A :class:`Sample` with what the critic needs: per answer k the shaped reward, the
+    rollout-time baseline V_old(h) (and Q_old(h, a_k) for a q critic), the TD target and the
+    critic's inputs. ``advantages`` are raw until the update whitens them."""
+
+    rewards: list[float] = field(default_factory=list)
+    """r̃_k = R_k − β·KL_k."""
+    values: list[float] = field(default_factory=list)
+    """V_old(h) per answer (the same for every answer of the node)."""
+    action_values: list[float] = field(default_factory=list)
+    """Q_old(h, a_k) (critic_type "q"); empty otherwise."""
+    targets: list[float] = field(default_factory=list)
+    """y_k = r̃_k + γ·V_old(h'_k), or r̃_k at an episode's end."""
+    critic_observation: Any = None
+    """What the critic reads for V(h): the agent's observation (IAC) or the joint text (MAAC)."""
+    critic_actions: list[Any] = field(default_factory=list)
+    """Q inputs per answer: the Completion (IAC) or the joint text with the joint action (MAAC)."""
+
+
+class ActorCriticTrainerBase(MAGRPOTrainer):
+    """The actor-critic loop (module docstring); :class:`IACTrainer` and :class:`MAACTrainer`."""
+
+    config_class = IACConfig
+    central = False
+
+    def __init__(
+        self,
+        env: Any = None,
+        policies: Any = None,
+        args: IACConfig | None = None,
+        eval_env: Any = None,
+        *,
+        critics: Critic | Mapping[str, Any] | Sequence[Any] | None = None,
+        critic_model: Any = None,
+        critic_optimizers: Mapping[str, torch.optim.Optimizer] | None = None,
+        metrics_callback: Callable[[list[ACSample]], Mapping[str, Any]] | None = None,
+        **kwargs: Any,
+    ):
+        if args is not None and not isinstance(args, self.config_class):
+            raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}")
+        model_config = dict(kwargs.get("model_config") or {})
+        anchor = bool({k for k in kwargs if k not in ("optimizers", "eval_logger", "eval_aggregator")}) or env is None
+        super().__init__(env, policies, args, eval_env, **kwargs)
+        self.metrics_callback = metrics_callback
+        if anchor:
+            critics = self._anchor_critics(critics, critic_model, model_config)
+        elif critic_model is not None:
+            raise TypeError("critic_model= belongs to the anchor keywords; env-native trainers take critics=")
+        self.critics = self._resolve_critics(critics)
+        self._place_critics()
+        self.critic_optimizers: dict[str, torch.optim.Optimizer] = {}
+        self.critic_params: dict[str, list[torch.nn.Parameter]] = {}
+        for name, critic in self.critics.items():
+            params = [p for p in critic.parameters() if p.requires_grad]
+            if not self.args.use_separate_critic:
+                # One step on L_pi + L_V at the actor's rate: the actor's optimizer holds the critic.
+                known = {id(p) for p in self.trainable[name]}
+                extra = [p for p in params if id(p) not in known]
+                self.trainable[name] = self.trainable[name] + extra
+                if extra and name in self.optimizers:
+                    self.optimizers[name].add_param_group({"params": extra})
+            elif params:
+                self.critic_params[name] = params
+                if critic_optimizers is not None and name in critic_optimizers:
+                    self.critic_optimizers[name] = critic_optimizers[name]
+                else:
+                    self.critic_optimizers[name] = default_optimizer(params, lr=self.args.critic_rate, weight_decay=self.args.weight_decay)
+
+    # --- critics ----------------------------------------------------------------------------
+
+    def critic_of(self, agent: str) -> tuple[str, int]:
+        """(name of the critic judging ``agent``, index of ``agent``'s output in it)."""
+        if self.central:
+            return "critic", self.agents.index(agent)
+        return agent, 0
+
+    def _critic_count(self) -> int:
+        return 1 if self.central else len(self.agents)
+
+    def _resolve_critics(self, critics: Any) -> dict[str, Critic]:
+        outputs = len(self.agents) if self.central else 1
+        if critics is None:
+            if self.central:
+                critics = {"critic": self._default_critic(self.agents[0], outputs)}
+            else:
+                critics = {agent: self._default_critic(agent, outputs) for agent in self.agents}
+        elif self.central:
+            if isinstance(critics, Mapping):
+                critics = list(critics.values())
+            if isinstance(critics, (list, tuple)):
+                if len(critics) != 1:
+                    raise ValueError(f"MAAC takes exactly one central critic, got {len(critics)}")
+                critics = critics[0]
+            critics = {"critic": critics}
+        else:
+            from llm_marl.learners.reinforce import _by_agent
+
+            critics = _by_agent(critics, self.agents, "critics")
+        for name, critic in critics.items():
+            if not callable(getattr(critic, "values", None)) or not callable(getattr(critic, "parameters", None)):
+                raise TypeError(f"critic {name!r} must have values() and parameters() (the Critic protocol), got {type(critic).__name__}")
+            have = getattr(critic, "num_outputs", 1)
+            if have != outputs:
+                raise ValueError(f"critic {name!r} has {have} outputs; {type(self).__name__} needs {outputs} (one per agent)" if self.central
+                                 else f"critic {name!r} has {have} outputs; IAC critics have 1")
+        return critics
+
+    def _default_critic(self, agent: str, num_outputs: int) -> Critic:
+        """A TabularCritic, or for a language-model policy a CausalLMCritic on (a copy of) its model."""
+        policy = self.policies[agent]
+        if hasattr(policy, "model") and hasattr(policy, "tokenizer"):
+            from llm_marl.policies.lm_critic import CausalLMCritic
+
+            shared = not self.args.use_separate_critic
+            width = self.args.value_head_hidden_dim if shared else self.args.critic_value_head_hidden_dim
+            return CausalLMCritic.for_policy(policy, shared=shared, num_outputs=num_outputs, hidden_dim=width)
+        return TabularCritic(num_outputs)
+
+    def _place_critics(self) -> None:
+        devices = self.args.critic_devices
+        for i, (name, critic) in enumerate(self.critics.items()):
+            device = None
+            if devices:
+                device = devices[min(i, len(devices) - 1)]
+            elif not self.central and self.args.agent_devices is not None:
+                device = self.args.agent_devices[i]
+            if device is not None and hasattr(critic, "to") and not getattr(critic, "shared", False):
+                self.critics[name] = critic.to(device) or critic
+
+    def _anchor_critics(self, critics: Any, critic_model: Any, model_config: dict[str, Any]) -> Any:
+        """Critics from the anchor keywords: ``critics`` (IAC: one per agent; MAAC: one) or one
+        ``critic_model``; a string is loaded (with ``model_config["critic_model_kwargs"]``), a
+        model gets a value head (copied per agent when one object serves several agents)."""
+        if not self.args.use_separate_critic:
+            if critics is not None or critic_model is not None:
+                raise ValueError("use_separate_critic=False puts the value head on each agent's own model: pass neither critics= nor critic_model=")
+            return None
+        if critics is not None and critic_model is not None:
+            raise ValueError("pass critics= or critic_model=, not both")
+        count = self._critic_count()
+        if critic_model is not None:
+            sources = [critic_model] * count
+        elif critics is not None:
+            sources = list(critics) if isinstance(critics, (list, tuple)) else [critics]
+            if len(sources) != count:
+                raise ValueError(f"critics: expected {count} (" + ("one central critic" if self.central else "one per agent") + f"), got {len(sources)}")
+        else:
+            return None
+        built = []
+        for i, source in enumerate(sources):
+            built.append(self._critic_from_source(source, i, shared_source=critic_model is not None and count > 1, model_config=model_config))
+        return built[0] if self.central else built
+
+    def _critic_from_source(self, source: Any, i: int, shared_source: bool, model_config: dict[str, Any]) -> Critic:
+        from llm_marl.policies.lm_critic import CausalLMCritic
+
+        outputs = len(self.agents) if self.central else 1
+        width = self.args.critic_value_head_hidden_dim or model_config.get("critic_value_head_hidden_dim")
+        if isinstance(source, str):
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            model = AutoModelForCausalLM.from_pretrained(source, **dict(model_config.get("critic_model_kwargs") or {}))
+            tokenizer = AutoTokenizer.from_pretrained(source)
+            return CausalLMCritic(model, tokenizer, num_outputs=outputs, hidden_dim=width, use_token_ids=False)
+        if hasattr(source, "values") and hasattr(source, "parameters"):
+            return copy.deepcopy(source) if shared_source else source
+        if hasattr(source, "forward") and hasattr(source, "config"):
+            tokenizer = self.tokenizers[0 if self.central else i]
+            model = copy.deepcopy(source) if shared_source else source
+            return CausalLMCritic(model, tokenizer, num_outputs=outputs, hidden_dim=width)
+        raise TypeError(f"critic {i}: expected a model id/path, a causal LM or a Critic, got {type(source).__name__}")
+
+    def checkpoint_extras(self) -> dict[str, Any]:
+        """Critics and their optimizers, saved in and restored from checkpoints."""
+        extras: dict[str, Any] = {}
+        for i, (name, critic) in enumerate(self.critics.items()):
+            extras[f"critic_{i}"] = critic
+            if name in self.critic_optimizers:
+                extras[f"critic_{i}_optimizer"] = self.critic_optimizers[name]
+        return extras
+
+    def save_model(self, output_dir: str) -> None:
+        """Agents as :meth:`MAGRPOTrainer.save_model`; critics to ``agent_{i}/critic`` (IAC) or
+        ``critic`` (MAAC), with ``save_pretrained`` where they have it, else ``critic.pt``."""
+        super().save_model(output_dir)
+        for i, critic in enumerate(self.critics.values()):
+            target = os.path.join(output_dir, "critic") if self.central else os.path.join(output_dir, f"agent_{i}", "critic")
+            os.makedirs(target, exist_ok=True)
+            if hasattr(critic, "save_pretrained"):
+                critic.save_pretrained(target)
+            else:
+                torch.save(critic.state_dict(), os.path.join(target, "critic.pt"))
+
+    # --- rollout -> samples -------------------------------------------------------------------
+
+    def _samples(self, roots: list[RolloutNode]) -> list[Sample]:
+        nodes = list(iter_nodes(roots))
+        if not nodes:
+            return []
+        args = self.args
+        row = {id(node): n for n, node in enumerate(nodes)}
+        kl = self._answer_kl(nodes)
+        v_inputs, values = {}, {}
+        q_inputs: dict[str, list[list[Any]]] = {}
+        q_values: dict[str, torch.Tensor] = {}
+        with torch.no_grad():
+            for name, critic in self.critics.items():
+                agent = None if self.central else name
+                v_inputs[name] = [self._critic_observation(node, agent) for node in nodes]
+                values[name] = self._checked(critic.values(v_inputs[name]), name, nodes, "V")
+                if args.critic_type == "q":
+                    q_inputs[name] = [self._critic_actions(node, agent) for node in nodes]
+                    flat = [x for per_node in q_inputs[name] for x in per_node]
+                    if self.central:
+                        result = critic.values(flat)
+                    else:
+                        result = critic.values([v_inputs[name][n] for n, per_node in enumerate(q_inputs[name]) for _ in per_node], flat)
+                    q_values[name] = result.float().cpu()
+        samples: list[Sample] = []
+        for n, node in enumerate(nodes):
+            for agent in self.agents:
+                name, out = self.critic_of(agent)
+                v_old = float(values[name][n, out])
+                k = len(node.completions[agent])
+                rewards = acm.shaped_rewards([node.rewards[j] for j in range(k)], kl[agent][n], args.reference_kl_coef)
+                acm.check_finite(rewards, f"agent {agent!r}, item {node.index}, turn {node.turn}: shaped rewards")
+                targets = []
+                for j in range(k):
+                    child = node.children[j] if j < len(node.children) else None
+                    after = float(values[name][row[id(child)], out]) if child is not None else None
+                    targets.append(acm.td_target(rewards[j], after, args.discount))
+                baseline = [v_old] * k
+                q_old: list[float] = []
+                actions: list[Any] = []
+                if args.critic_type == "q":
+                    start = sum(len(x) for x in q_inputs[name][:n])
+                    q_old = [float(q_values[name][start + j, out]) for j in range(k)]
+                    actions = list(q_inputs[name][n])
+                    raw = acm.advantages(q_old, baseline)
+                else:
+                    raw = acm.advantages(targets, baseline)
+                samples.append(
+                    ACSample(
+                        agent,
+                        node.observations[agent],
+                        list(node.completions[agent]),
+                        node.agent_returns(agent),
+                        raw,
+                        node.index,
+                        node.turn,
+                        list(kl[agent][n]),
+                        rewards=rewards,
+                        values=baseline,
+                        action_values=q_old,
+                        targets=targets,
+                        critic_observation=v_inputs[name][n],
+                        critic_actions=actions,
+                    )
+                )
+        for sample in samples:
+            self._note(f"train/{sample.agent}/value_mean", float(np.mean(sample.values)))
+            self._note(f"train/{sample.agent}/target_mean", float(np.mean(sample.targets)))
+        self._callback_metrics(samples)
+        return samples
+
+    def _critic_observation(self, node: RolloutNode, agent: str | None) -> Any:
+        if agent is None:
+            return joint_observation(node.observations, self.agents)
+        return node.observations[agent]
+
+    def _critic_actions(self, node: RolloutNode, agent: str | None) -> list[Any]:
+        if agent is None:
+            count = len(node.completions[self.agents[0]])
+            return [
+                joint_observation(node.observations, self.agents, [node.completions[a][j].text for a in self.agents])
+                for j in range(count)
+            ]
+        return list(node.completions[agent])
+
+    def _checked(self, values: torch.Tensor, name: str, nodes: list[RolloutNode], what: str) -> torch.Tensor:
+        values = values.detach().float().cpu()
+        bad = (~torch.isfinite(values)).any(dim=-1).nonzero().flatten().tolist()
+        if bad:
+            node = nodes[bad[0]] if bad[0] < len(nodes) else nodes[-1]
+            raise FloatingPointError(
+                f"critic {name!r}: {what} value is not finite for item {node.index}, turn {node.turn} "
+                f"(optimizer step {self.state.global_step}){self._last_good()}"
+            )
+        return values
+
+    def _answer_kl(self, nodes: list[RolloutNode]) -> dict[str, list[list[float]]]:
+        kl: dict[str, list[list[float]]] = {agent: [[] for _ in nodes] for agent in self.agents}
+        if self.reference_policies is None:
+            return kl
+        for agent in self.agents:
+            observations = [node.observations[agent] for node in nodes for _ in node.completions[agent]]
+            completions = [c for node in nodes for c in node.completions[agent]]
+            values = self._kl_penalty(agent, observations, completions)
+            offset = 0
+            for n, node in enumerate(nodes):
+                k = len(node.completions[agent])
+                kl[agent][n] = list(values[offset : offset + k])
+                offset += k
+        return kl
+
+    def _callback_metrics(self, samples: list[ACSample]) -> None:
+        if self.metrics_callback is None:
+            return
+        try:
+            result = self.metrics_callback(samples)
+        except Exception as exc:
+            raise RuntimeError(f"metrics_callback raised {type(exc).__name__}: {exc} (batch {self.state.batch_step})") from exc
+        for key, value in dict(result or {}).items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                self._note(f"train/{key}", float(value))
+
+    # --- update -------------------------------------------------------------------------------
+
+    def _update(self) -> None:
+        if self.dist.enabled:
+            for critic in self.critics.values():
+                if hasattr(critic, "pending_observations"):
+                    critic.add_observations(self.dist.union(critic.pending_observations()))
+        super()._update()
+
+    def _minibatches(self, agent: str, size: int) -> list[list[Sample]]:
+        """The buffer's samples with their advantages whitened together (one group per agent and
+        update, all turns pooled), cut into consecutive mini-batches; the buffer keeps the
+        samples until they are trained on."""
+        samples = list(self.buffers[agent].samples)
+        if self.args.advantage_normalization:
+            flat = acm.whiten([a for s in samples for a in s.advantages])
+            out, offset = [], 0
+            for s in samples:
+                out.append(dataclasses.replace(s, advantages=flat[offset : offset + len(s.advantages)]))
+                offset += len(s.advantages)
+            samples = out
+        return [samples[start : start + size] for start in range(0, len(samples), size)]
+
+    def _loss_sum(self, agent: str, batch: list[Sample]) -> tuple[torch.Tensor, float]:
+        loss, log_prob_mean = super()._loss_sum(agent, batch)
+        if not self.args.use_separate_critic:
+            loss = loss + self._value_loss_sum(agent, batch).to(loss.device)
+        return loss, log_prob_mean
+
+    def _value_loss_sum(self, agent: str, batch: list[ACSample]) -> torch.Tensor:
+        """c_v × Σ over ``batch`` of each sample's mean value error over its answers (V, plus Q
+        for a q critic), read at ``agent``'s output of its critic."""
+        name, out = self.critic_of(agent)
+        critic, args = self.critics[name], self.args
+        sizes = [len(s.completions) for s in batch]
+        v = critic.values([s.critic_observation for s in batch])[:, out]
+        v = v.repeat_interleave(torch.tensor(sizes, device=v.device))
+        targets = torch.tensor([y for s in batch for y in s.targets], device=v.device)
+        old = torch.tensor([b for s in batch for b in s.values], device=v.device)
+        errors = acm.value_errors(v, old, targets, args.value_clip_range)
+        if args.critic_type == "q":
+            actions = [x for s in batch for x in s.critic_actions]
+            if self.central:
+                q = critic.values(actions)[:, out]
+            else:
+                q = critic.values([s.critic_observation for s in batch for _ in s.completions], actions)[:, out]
+            q_old = torch.tensor([x for s in batch for x in s.action_values], device=v.device)
+            errors = errors + acm.value_errors(q, q_old, targets, args.value_clip_range)
+        self._note(f"train/{agent}/value_loss", args.value_loss_coef * errors.detach().mean().item())
+        return args.value_loss_coef * torch.stack([chunk.mean() for chunk in errors.split(sizes)]).sum()
+
+    def _other_backwards(self, step: dict[str, list[Sample]]) -> list[tuple[str, torch.optim.Optimizer, Any]]:
+        """Separate critics' gradients on this step's mini-batches: IAC's critic i on agent i's;
+        MAAC's central critic on every agent's at once (its outputs), so it steps once per joint
+        mini-batch. Stepped together with the agents, or not at all."""
+        results = []
+        for name, optimizer in self.critic_optimizers.items():
+            judged = [a for a in step if a == name or self.central]
+            parts = {a: step[a] for a in judged}
+            total = self.dist.sum(sum(len(b) for b in parts.values()))
+            optimizer.zero_grad(set_to_none=True)
+            local = sum((self._value_loss_sum(a, b) for a, b in parts.items() if b), torch.zeros((), dtype=torch.float64))
+            who = "central critic" if self.central else f"critic of agent {name!r}"
+            label = "critic" if self.central else f"{name}/critic"
+            joined = [s for b in parts.values() for s in b]
+            results.append((label, optimizer, self._gradient(who, self.critic_params[name], local / max(total, 1), joined)))
+        return results
+
+
+class IACTrainer(ActorCriticTrainerBase):
+    """Independent actor-critic: every agent has its own critic over its own observation."""
+
+    config_class = IACConfig
+    central = False
+
+
+class MAACTrainer(ActorCriticTrainerBase):
+    """Multi-agent actor-critic: one central critic over the joint observation, one output per agent."""
+
+    config_class = MAACConfig
+    central = True
