@@ -43,16 +43,6 @@ def td_targets(rewards: Sequence[float], values: Sequence[float], discount: floa
     return [td_target(r, values[t + 1] if t < last else None, discount) for t, r in enumerate(rewards)]
 
 
-def returns_to_go(rewards: Sequence[float], discount: float = 1.0) -> list[float]:
-    """G_t = Σ_{k≥t} γ^{k−t} r̃_k (logged, never a target)."""
-    out: list[float] = []
-    running = 0.0
-    for r in reversed(rewards):
-        running = float(r) + discount * running
-        out.append(running)
-    return out[::-1]
-
-
 def advantages(targets: Sequence[float], baselines: Sequence[float]) -> list[float]:
     """A = y − b, where b is V_old(h) (critic_type "v") — never an action value (SPEC §6 Q7)."""
     if len(targets) != len(baselines):
@@ -83,18 +73,6 @@ def value_errors(
     old_values = old_values.to(values.dtype)
     clipped = old_values + torch.clamp(values - old_values, -clip_range, clip_range)
     return torch.maximum(errors, (targets - clipped) ** 2)
-
-
-def value_loss(
-    values: torch.Tensor, old_values: torch.Tensor, targets: torch.Tensor, clip_range: float | None, coef: float
-) -> torch.Tensor:
-    """L_V = c_v · mean e over the mini-batch (see :func:`value_errors`)."""
-    return coef * value_errors(values, old_values, targets, clip_range).mean()
-
-
-def actor_loss(log_probs: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
-    """L_π = mean(−ℓ_θ · Â) over the mini-batch (Â carries no gradient)."""
-    return -(advantages.detach().to(log_probs.dtype) * log_probs).mean()
 
 
 def should_stop(rewards: Sequence[float], threshold: float | None) -> bool:
