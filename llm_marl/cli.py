@@ -28,7 +28,14 @@ import sys
 import time
 from typing import Any, Sequence
 
-LEARNERS = {"magrpo": "MAGRPO", "mareinforce": "MAREINFORCE", "marloo": "MARLOO", "maremax": "MAReMax"}
+LEARNERS = {
+    "magrpo": "MAGRPO",
+    "mareinforce": "MAREINFORCE",
+    "marloo": "MARLOO",
+    "maremax": "MAReMax",
+    "iac": "IAC",
+    "maac": "MAAC",
+}
 
 DEFAULT_RUN: dict[str, Any] = {
     "env": "WritingCollab-v0",
@@ -64,7 +71,7 @@ punctuation, so the default stays at 3e-4."""
 
 
 def learner_classes(name: str) -> tuple[type, type]:
-    """(config class, trainer class) of learner ``name`` (magrpo, mareinforce, marloo, maremax)."""
+    """(config class, trainer class) of learner ``name`` (magrpo, mareinforce, marloo, maremax, iac, maac)."""
     import llm_marl.learners as learners
 
     key = name.lower()
@@ -103,10 +110,13 @@ def _field_parser(field: dataclasses.Field) -> Any:
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    from llm_marl.learners.actor_critic_config import IACConfig
     from llm_marl.learners.config import MAGRPOConfig
 
     group = parser.add_argument_group("config fields (MAGRPOConfig; see llm_marl/learners/config.py)")
-    for field in dataclasses.fields(MAGRPOConfig):
+    names = set(MAGRPOConfig.field_names())
+    extra = [f for f in dataclasses.fields(IACConfig) if f.name not in names]  # --learner iac|maac only
+    for field in [*dataclasses.fields(MAGRPOConfig), *extra]:
         flags = [f"--{field.name}"]
         if "_" in field.name:
             flags.append(f"--{field.name.replace('_', '-')}")

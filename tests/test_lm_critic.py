@@ -1,0 +1,102 @@
+"""The language-model critic: where its value is read, placements, saving (a tiny local GPT-2).
+
+Readout (llm_marl/policies/lm_critic.py): V(h) at the last prompt token (index P-1), Q(h, a) at
+the last token of prompt + answer, its eos included (index P+L-1). Checked against a plain
+forward pass of the unpadded sequence alone, for rows padded in a batch with longer ones.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+from llm_marl.policies.base import Completion  # noqa: E402
+from llm_marl.policies.causal_lm import CausalLMPolicy  # noqa: E402
+from llm_marl.policies.lm_critic import CausalLMCritic, ValueHead  # noqa: E402
+from llm_marl.policies.tiny import build_tiny_model  # noqa: E402
+
+PROMPTS = ["The assert statement", "If the module being imported is not a top level module, then", "A"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", pretrain_steps=20, batch_size=8)
+
+
+@pytest.fixture()
+def policy(model_dir):
+    return CausalLMPolicy.from_pretrained(model_dir, max_new_tokens=6, temperature=1.0, top_p=None, top_k=None)
+
+
+def hand_value(critic, ids, position):
+    """The head applied to the final hidden state at ``position`` of ONE unpadded sequence."""
+    with torch.no_grad():
+        hidden = critic.model(input_ids=torch.tensor([ids]), output_hidden_states=True).hidden_states[-1]
+        return critic.head(hidden[0, position]).tolist()
+
+
+def test_state_value_is_read_at_the_last_prompt_token(policy):
+    critic = CausalLMCritic.for_policy(policy, shared=False, num_outputs=2, hidden_dim=8)
+    with torch.no_grad():
+        batch = critic.values(PROMPTS)
+    assert batch.shape == (3, 2)
+    for row, prompt in enumerate(PROMPTS):
+        ids = policy.tokenizer(prompt)["input_ids"]
+        assert batch[row].tolist() == pytest.approx(hand_value(critic, ids, len(ids) - 1), abs=1e-5)
+        # any other position reads something else
+        if len(ids) > 1:
+            assert batch[row].tolist() != pytest.approx(hand_value(critic, ids, len(ids) - 2), abs=1e-5)
+
+
+def test_action_value_is_read_at_the_answers_last_token_eos_included(policy):
+    critic = CausalLMCritic.for_policy(policy, shared=False)
+    eos = policy.eos_token_ids[0]
+    words = policy.tokenizer(" is used to check", add_special_tokens=False)["input_ids"]
+    finished, cut = Completion("x", tuple(words) + (eos,)), Completion("x", tuple(words))
+    with torch.no_grad():
+        values = critic.values([PROMPTS[0], PROMPTS[1], PROMPTS[0]], [finished, finished, cut])[:, 0].tolist()
+    for row, (prompt, completion) in enumerate([(PROMPTS[0], finished), (PROMPTS[1], finished), (PROMPTS[0], cut)]):
+        ids = policy.tokenizer(prompt)["input_ids"] + list(completion.token_ids)
+        assert values[row] == pytest.approx(hand_value(critic, ids, len(ids) - 1)[0], abs=1e-5)
+    assert values[0] != pytest.approx(values[2], abs=1e-6)  # the eos is read: stopping has a value
+
+
+def test_text_answers_are_tokenized_with_an_eos_when_ids_are_not_trusted(policy):
+    critic = CausalLMCritic.for_policy(policy, shared=False)
+    critic.use_token_ids = False
+    answer = Completion(" is used", token_ids=(1, 2, 3))
+    expected = policy.tokenizer(PROMPTS[0])["input_ids"] + policy.tokenizer(" is used", add_special_tokens=False)["input_ids"]
+    assert critic.input_ids(PROMPTS[0], answer) == expected + [policy.eos_token_ids[0]]
+
+
+def test_shared_placement_trains_only_its_head_through_the_critic(policy):
+    critic = CausalLMCritic.for_policy(policy, shared=True)
+    assert critic.model is policy.model
+    assert {id(p) for p in critic.parameters()} == {id(p) for p in critic.head.parameters()}
+    assert set(critic.state_dict()) == {"head"}
+    separate = CausalLMCritic.for_policy(policy, shared=False)
+    assert separate.model is not policy.model
+    assert len(list(separate.parameters())) == len(list(policy.parameters())) + 2
+
+
+def test_value_head_initialisation_and_float32():
+    torch.manual_seed(0)
+    head = ValueHead(512, num_outputs=3, hidden_dim=256)
+    first, last = head.net[0], head.net[-1]
+    assert first.weight.shape == (256, 512) and last.weight.shape == (3, 256)
+    assert torch.all(first.bias == 0) and torch.all(last.bias == 0)
+    assert abs(first.weight.std().item() - 0.02) < 0.002
+    assert head(torch.zeros(2, 512, dtype=torch.bfloat16)).dtype == torch.float32
+
+
+def test_save_and_load_round_trip(policy, tmp_path):
+    critic = CausalLMCritic.for_policy(policy, shared=False, num_outputs=2)
+    with torch.no_grad():
+        for p in critic.head.parameters():
+            p.add_(0.1)
+    critic.save_pretrained(tmp_path / "critic")
+    loaded = CausalLMCritic.from_pretrained(tmp_path / "critic")
+    with torch.no_grad():
+        assert torch.allclose(loaded.values(PROMPTS), critic.values(PROMPTS), atol=1e-6)
