@@ -234,10 +234,10 @@ def test_advantages_are_whitened_per_agent_across_turns():
         sample = hand_sample(trainer, "a", advantage=advantage)
         sample.turn = turn
         trainer.buffers["a"].append(sample)
-    [batch] = trainer._minibatches("a")
+    [first, second] = trainer._minibatches("a", 2)
     s = math.sqrt(2.5)
-    assert sorted(a for x in batch for a in x.advantages) == pytest.approx(sorted([-1 / s, 1 / s, -2 / s, 2 / s]))
-    assert len(trainer.buffers["a"]) == 0
+    assert [a for x in first + second for a in x.advantages] == pytest.approx([-1 / s, 1 / s, -2 / s, 2 / s])
+    assert [x.advantages[0] for x in trainer.buffers["a"].samples] == [1.0, 3.0, 0.0, 4.0]  # kept, raw, until trained on
 
 
 # --- training end to end: metrics, resume, errors ---------------------------------------------
@@ -306,8 +306,13 @@ def test_a_non_finite_value_loss_names_the_critic_and_the_step():
     sample.critic_observation = "left obs"
     sample.targets = [float("inf")]
     trainer.buffers["left"].append(sample)
+    before = state_of(trainer)
     with pytest.raises(FloatingPointError, match=r"critic of agent 'left', optimizer step 1, items \[0\]: loss is"):
         trainer._update()
+    # all or nothing: the actor whose gradient was fine did not step either; the sample is kept
+    after = state_of(trainer)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert trainer.buffers["left"].samples == [sample] and trainer.state.global_step == 0
 
 
 def test_metrics_callback_values_are_logged_and_non_numbers_dropped():
@@ -332,7 +337,7 @@ def test_anchor_defaults_and_fixed_quirk_defaults():
     iac, maac = IACConfig(), MAACConfig()
     for config in (iac, maac):
         assert (config.agent_learning_rate, config.critic_learning_rate, config.rollout_buffer_size) == (5e-6, 5e-6, 8)
-        assert config.train_batch_size == 8 and config.value_loss_coef == 0.6 and config.advantage_normalization
+        assert config.resolved_train_batch_size == 8 and config.value_loss_coef == 0.6 and config.advantage_normalization
         assert (config.max_new_tokens, config.temperature, config.top_p, config.top_k) == (256, 0.6, 0.6, None)
         assert (config.num_train_epochs, config.num_agents, config.num_turns, config.num_generations) == (40, 2, 2, 1)
         assert (config.eval_interval, config.eval_num_samples, config.eval_batch_size, config.logging_steps) == (16, 4, 1, 1)

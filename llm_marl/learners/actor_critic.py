@@ -431,6 +431,8 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
         results = []
         for name, optimizer in self.critic_optimizers.items():
             judged = [a for a in step if a == name or self.central]
+            if not judged:  # its agent takes no step now (no samples on any rank, or not trained)
+                continue
             parts = {a: step[a] for a in judged}
             total = self.dist.sum(sum(len(b) for b in parts.values()))
             optimizer.zero_grad(set_to_none=True)
