@@ -53,8 +53,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "trainer hard-codes advantage_mode='mean' and normalize=True",
         "llm_marl/learners/reinforce.py",
-        "advantage_mode=args.advantage_mode,\n                normalize=args.advantage_normalization,",
-        'advantage_mode="mean",\n                normalize=True,',
+        "advantage_mode=args.advantage_mode,\n            normalize=args.advantage_normalization,",
+        'advantage_mode="mean",\n            normalize=True,',
         ("tests/test_wiring.py",),
     ),
     Mutant(
@@ -74,8 +74,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "loss averaged per rank instead of over all ranks",
         "llm_marl/learners/reinforce.py",
-        "local = losses.sum() / total",
-        "local = losses.sum() / len(batch)",
+        "local = loss_sum / total",
+        "local = loss_sum / len(batch)",
         ("tests/test_distributed.py::test_two_gloo_ranks_match_one_process_on_the_union",),
     ),
     Mutant(
@@ -129,9 +129,9 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "early termination on mean >= threshold instead of >",
-        "llm_marl/learners/tree.py",
-        "and sum(node.rewards) / len(node.rewards) > early_termination_threshold",
-        "and sum(node.rewards) / len(node.rewards) >= early_termination_threshold",
+        "llm_marl/learners/advantages.py",
+        "sum(rewards) / len(rewards) > threshold",
+        "sum(rewards) / len(rewards) >= threshold",
         ("tests/test_tree.py",),
     ),
     Mutant(
@@ -309,6 +309,77 @@ MUTANTS: list[Mutant] = [
         'code.append((jset, to("ALLOW"), to("DENY"), clone_thread))',
         'code.append((jset, to("DENY"), to("DENY"), clone_thread))',
         ('tests/test_sandbox.py::test_threads_work_without_new_processes',),
+    ),
+    # --- actor-critic learners (issue 15) ---------------------------------------------------------
+    Mutant(
+        "TD target without the discount",
+        "llm_marl/learners/actor_critic_math.py",
+        "return float(reward) + discount * float(next_value)",
+        "return float(reward) + float(next_value)",
+        ("tests/test_actor_critic.py::test_t3_targets_and_advantages_from_a_three_turn_rollout",),
+    ),
+    Mutant(
+        "an early-stopped episode is bootstrapped",
+        "llm_marl/learners/actor_critic.py",
+        "after = float(values[name][row[id(child)], out]) if child is not None else None",
+        "after = float(values[name][row[id(child)], out]) if child is not None else float(values[name][n, out])",
+        ("tests/test_actor_critic.py::test_t4_an_early_stop_is_not_bootstrapped",),
+    ),
+    Mutant(
+        "q critic: action-dependent baseline A = y - Q (the anchor's Q7)",
+        "llm_marl/learners/actor_critic.py",
+        "raw = acm.advantages(q_old, baseline)",
+        "raw = acm.advantages(targets, q_old)",
+        ("tests/test_actor_critic.py::test_q_critic_advantage_is_action_value_minus_state_value",),
+    ),
+    Mutant(
+        "value clipping ignored",
+        "llm_marl/learners/actor_critic_math.py",
+        "    if clip_range is None:\n        return errors\n",
+        "    if True:\n        return errors\n",
+        ("tests/test_actor_critic.py::test_value_clipping_applies_to_a_separate_critic",),
+    ),
+    Mutant(
+        "MAAC reads every agent's value from output 0 (the anchor's Q8)",
+        "llm_marl/learners/actor_critic.py",
+        'return "critic", self.agents.index(agent)',
+        'return "critic", 0',
+        ("tests/test_actor_critic.py::test_t7_maac_bootstraps_each_agent_from_its_own_output_of_the_joint_value",),
+    ),
+    Mutant(
+        "whitening with the sample std",
+        "llm_marl/learners/actor_critic_math.py",
+        "x.std(correction=0)",
+        "x.std()",
+        ("tests/test_actor_critic_math.py::test_t2_whitening_uses_the_population_std_and_leaves_a_single_sample",),
+    ),
+    Mutant(
+        "central critic loss summed over agents instead of averaged",
+        "llm_marl/learners/actor_critic.py",
+        "local / max(total, 1)",
+        "local",
+        ("tests/test_actor_critic.py::test_central_critic_takes_one_step_per_joint_minibatch_on_every_agents_output",),
+    ),
+    Mutant(
+        "LM critic reads the value one token early",
+        "llm_marl/policies/lm_critic.py",
+        "hidden = self.model(**inputs).hidden_states[-1][:, -1]",
+        "hidden = self.model(**inputs).hidden_states[-1][:, -2]",
+        ("tests/test_lm_critic.py::test_state_value_is_read_at_the_last_prompt_token",),
+    ),
+    Mutant(
+        "checkpoints do not restore the critics",
+        "llm_marl/learners/checkpoint.py",
+        "        extra.load_state_dict(torch.load(file, weights_only=False))\n",
+        "        pass\n",
+        ("tests/test_actor_critic.py::test_stop_resume_equals_uninterrupted_with_critics_and_their_optimizers",),
+    ),
+    Mutant(
+        "shared placement: the value loss is left out of the actor's step",
+        "llm_marl/learners/actor_critic.py",
+        "            loss = loss + self._value_loss_sum(agent, batch).to(loss.device)\n",
+        "            pass\n",
+        ("tests/test_actor_critic.py::test_shared_placement_takes_one_step_on_the_sum_at_the_actor_rate",),
     ),
 ]
 

@@ -33,7 +33,7 @@ import torch
 torch.set_num_threads(1)
 
 from llm_marl.learners import actor_critic_math as acm  # noqa: E402
-from llm_marl.learners.advantages import k3_kl, sample_losses  # noqa: E402
+from llm_marl.learners.advantages import k3_kl, sample_losses, should_stop  # noqa: E402
 
 
 def test_t1_single_turn_targets_and_advantages():
@@ -62,11 +62,11 @@ def test_t3_three_turn_td_targets_advantages_and_returns():
 
 
 def test_t4_early_termination_rule():
-    assert acm.should_stop([-1.0, -0.5], -0.9)
-    assert not acm.should_stop([-1.0, -0.5], -0.7)
-    assert acm.should_stop([0.0, 0.0], -0.2)
-    assert not acm.should_stop([0.0, 0.0], 0.0)  # strictly above
-    assert not acm.should_stop([5.0], None)
+    assert should_stop([-1.0, -0.5], -0.9)
+    assert not should_stop([-1.0, -0.5], -0.7)
+    assert should_stop([0.0, 0.0], -0.2)
+    assert not should_stop([0.0, 0.0], 0.0)  # strictly above
+    assert not should_stop([5.0], None)
     # an episode stopped after one turn is not bootstrapped
     assert acm.td_target(-0.75, None, 1.0) == -0.75
 

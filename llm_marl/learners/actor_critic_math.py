@@ -75,12 +75,6 @@ def value_errors(
     return torch.maximum(errors, (targets - clipped) ** 2)
 
 
-def should_stop(rewards: Sequence[float], threshold: float | None) -> bool:
-    """Early termination: stop after this turn when ``threshold`` is set and the mean of the
-    turn's (unshaped) rewards is strictly above it."""
-    return threshold is not None and sum(rewards) / len(rewards) > threshold
-
-
 def check_finite(values: Sequence[float], what: str) -> None:
     """Raise FloatingPointError naming ``what`` and the first non-finite entry."""
     for k, v in enumerate(values):

@@ -86,6 +86,12 @@ def discounted_return(reward: float, child_returns: Sequence[float] | None, disc
     return float(reward) + discount * sum(child_returns) / len(child_returns)
 
 
+def should_stop(rewards: Sequence[float], threshold: float | None) -> bool:
+    """Early termination: stop after this turn when ``threshold`` is set and the mean of the
+    turn's (unshaped) rewards is strictly above it."""
+    return threshold is not None and sum(rewards) / len(rewards) > threshold
+
+
 CROSS_AGGREGATORS: dict[str, Callable[[list[float]], float]] = {
     "sum": lambda values: float(sum(values)),
     "mean": lambda values: float(sum(values) / len(values)),

@@ -40,8 +40,7 @@ import gymnasium
 import torch
 from pettingzoo import ParallelEnv
 
-from llm_marl.learners.actor_critic_math import should_stop
-from llm_marl.learners.advantages import agent_returns, discounted_return
+from llm_marl.learners.advantages import agent_returns, discounted_return, should_stop
 from llm_marl.policies.base import Completion, Policy
 from llm_marl.tasks.base import TaskError
 
