@@ -1,5 +1,7 @@
-"""IAC and MAAC data-parallel across two gloo ranks (torchrun) equal one process on the union
-(single-turn items).
+"""IAC and MAAC data-parallel across two gloo ranks (torchrun) equal one process on the union.
+
+Two-turn items, one answer per node (G = 1), so that a rank's consecutive mini-batches of one
+sample and the single process's mini-batches of two hold the same (turn, item) pairs.
 
 With advantage whitening off (it is per rank, like a group), a rank's loss share is its samples'
 sum over the union's count, so two ranks with one item each take the same steps as one process
@@ -40,7 +42,7 @@ torch.save(state, os.path.join({weights!r}, f"rank{{rank}}.pt"))
 
 def train(learner, output_dir=None, **overrides):
     trainer_class, config_class = LEARNERS[learner]
-    settings = dict(num_turns=1, num_generations=2, num_train_epochs=3, agent_learning_rate=0.2, critic_learning_rate=0.2,
+    settings = dict(num_turns=2, num_generations=1, num_train_epochs=3, agent_learning_rate=0.2, critic_learning_rate=0.2,
                     advantage_normalization=False, eval_interval=0, logging_steps=1, progress_bar=False,
                     output_dir=output_dir, seed=3)
     settings.update(overrides)
