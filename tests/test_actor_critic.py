@@ -104,13 +104,14 @@ def test_t3_targets_and_advantages_from_a_three_turn_rollout():
 @pytest.mark.parametrize("threshold, turns", [(-0.9, 1), (-0.7, 2), (None, 2)])
 def test_t4_an_early_stop_is_not_bootstrapped(threshold, turns):
     env = DialogueEnv(Scheduled([-0.75, 1.0]))
-    critics = {agent: preset(TabularCritic(), {"turn 0": [0.0], "turn 1": [5.0]}) for agent in ("a", "b")}
+    critics = {agent: preset(TabularCritic(), {"turn 0": [0.5], "turn 1": [5.0]}) for agent in ("a", "b")}
     args = IACConfig(**settings(num_turns=2, early_termination_threshold=threshold))
     trainer = IACTrainer(env=env, policies=[TabularPolicy(MENU), TabularPolicy(MENU)], critics=critics, args=args)
     samples = [s for s in rollout_samples(trainer) if s.agent == "a"]
     assert len(samples) == turns
-    # stopped: y = r; continued: y = r + V_old(turn 1) = -0.75 + 5
+    # stopped: y = r (nothing bootstraps it, not even V(turn 0) = 0.5); continued: y = r + V_old(turn 1) = -0.75 + 5
     assert samples[0].targets == pytest.approx([-0.75] if turns == 1 else [4.25])
+    assert samples[0].advantages == pytest.approx([-1.25] if turns == 1 else [3.75])
 
 
 def test_t7_maac_bootstraps_each_agent_from_its_own_output_of_the_joint_value():
