@@ -15,13 +15,24 @@ from llm_marl.learners import (
     MAReMaxConfig,
     MAReMaxTrainer,
 )
-from llm_marl.policies import CausalLMPolicy, Completion, Policy, ScriptedPolicy, TabularPolicy
+from llm_marl.policies import (
+    CausalLMCritic,
+    CausalLMPolicy,
+    Completion,
+    Critic,
+    Policy,
+    ScriptedPolicy,
+    TabularCritic,
+    TabularPolicy,
+)
 from llm_marl.tasks import CooperativeTask, FunctionTask, Turn
 
 __all__ = [
+    "CausalLMCritic",
     "CausalLMPolicy",
     "Completion",
     "CooperativeTask",
+    "Critic",
     "DialogueEnv",
     "FunctionTask",
     "IACConfig",
@@ -38,6 +49,7 @@ __all__ = [
     "MAReMaxTrainer",
     "Policy",
     "ScriptedPolicy",
+    "TabularCritic",
     "TabularPolicy",
     "Turn",
     "make",
