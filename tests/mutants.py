@@ -175,7 +175,7 @@ MUTANTS: list[Mutant] = [
         "llm_marl/learners/checkpoint.py",
         'trainer.buffers = {a: RolloutBuffer(extra["buffers"][a]) for a in trainer.agents}',
         "trainer.buffers = {a: RolloutBuffer() for a in trainer.agents}",
-        ("tests/test_reliability.py::test_stop_resume_equals_uninterrupted",),
+        ("tests/test_reliability.py::test_resume_from_a_checkpoint_with_filled_buffers_equals_uninterrupted",),
     ),
     Mutant(
         "save_total_limit keeps one checkpoint too few",
@@ -199,10 +199,10 @@ MUTANTS: list[Mutant] = [
         ("tests/test_learners.py", "tests/test_learning.py::test_coordination_game_optimum"),
     ),
     Mutant(
-        "top-p keeps the token that crosses the mass (>) ",
+        "top-p drops the token that crosses the mass",
         "llm_marl/policies/sampling.py",
-        "probs = probs.masked_fill(mass_before >= settings.top_p, 0.0)",
-        "probs = probs.masked_fill(mass_before > settings.top_p, 0.0)",
+        "mass_before = probs.cumsum(dim=-1) - probs",
+        "mass_before = probs.cumsum(dim=-1)",
         ("tests/test_causal_lm_policy.py",),
     ),
     Mutant(

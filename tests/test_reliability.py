@@ -74,6 +74,21 @@ def test_stop_resume_equals_uninterrupted(tmp_path):
     assert metrics_lines(tmp_path / "full") == metrics_lines(tmp_path / "split")
 
 
+def test_resume_from_a_checkpoint_with_filled_buffers_equals_uninterrupted(tmp_path):
+    # The newest checkpoint of a run stopped by max_steps has empty buffers; an earlier one holds
+    # samples not yet trained on, which the resumed run must train on as the uninterrupted run did.
+    full = make_trainer(tmp_path / "full")
+    full.train()
+    make_trainer(tmp_path / "split", max_steps=7).train()
+    middle = str(tmp_path / "split" / "checkpoint-4")
+    saved = torch.load(os.path.join(middle, "buffers.pt"), weights_only=False)["buffers"]
+    assert all(len(samples) > 0 for samples in saved.values())
+    resumed = make_trainer(tmp_path / "resumed")
+    resumed.train(resume_from_checkpoint=middle)
+    assert resumed.state.global_step == full.state.global_step
+    assert same_weights(weights(full), weights(resumed))
+
+
 def test_checkpoint_holds_everything_needed(tmp_path):
     trainer = make_trainer(tmp_path, max_steps=3)
     trainer.train()
