@@ -236,8 +236,9 @@ def cmd_train(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     use_default = not ns.env and not ns.config
     options = _run_options(ns, use_default)
     if not options.get("output_dir"):
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        options["output_dir"] = os.path.join("runs", f"{options.get('env', 'run')}-{options.get('learner', 'magrpo')}-{stamp}")
+        from llm_marl.learners.run_dir import default_run_dir
+
+        options["output_dir"] = default_run_dir(options.get("env", "run"), options.get("learner", "magrpo"))
     if use_default:
         print("llm-marl: no arguments, running the embedded default (tiny local LMs, MAGRPO, WritingCollab-v0)")
     resume = None

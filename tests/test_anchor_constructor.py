@@ -50,6 +50,12 @@ TRAINERS = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def in_tmp_dir(tmp_path, monkeypatch):
+    """Runs without output_dir get a default run directory under the current one: keep it in tmp."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def model_a(tmp_path_factory):
     """A tiny GPT-2 saved with save_pretrained (1,000-token BPE, seed 0)."""
@@ -173,19 +179,17 @@ def changed(before, trainer):
 def test_agent_model_path_single_turn(trainer_class, config_class, mode, model_a, tmp_path):
     rec = Recorder()
     args = config(config_class, items_per_step=len(TRAIN), generation_batch_size=4)
-    with pytest.warns(UserWarning, match="wandb_config"):
-        trainer = trainer_class(
-            agent_model=model_a,
-            reward_func=rec.reward_with_items,
-            reward_processor=rec.processor,
-            formatters=rec.formatter_plain,
-            train_dataset=datasets.Dataset.from_list(TRAIN),
-            eval_dataset=datasets.Dataset.from_list(EVAL),
-            eval_logger=rec.eval_logger,
-            eval_aggregator=rec.eval_aggregator,
-            wandb_config={"project": "ignored", "entity": "nobody"},
-            args=args,
-        )
+    trainer = trainer_class(
+        agent_model=model_a,
+        reward_func=rec.reward_with_items,
+        reward_processor=rec.processor,
+        formatters=rec.formatter_plain,
+        train_dataset=datasets.Dataset.from_list(TRAIN),
+        eval_dataset=datasets.Dataset.from_list(EVAL),
+        eval_logger=rec.eval_logger,
+        eval_aggregator=rec.eval_aggregator,
+        args=args,
+    )
     assert trainer.args.advantage_mode == mode
     assert trainer.agents == ["agent_0", "agent_1"]
     assert all(isinstance(p, CausalLMPolicy) for p in trainer.policies.values())

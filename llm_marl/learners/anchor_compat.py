@@ -19,29 +19,60 @@ Choices where the anchor library is silent or differs:
   ``{}`` (CoMLRL returns nothing there); training items are never evaluated as eval items.
 - ``model_config`` keys: ``dtype`` (or ``torch_dtype``), ``attn_implementation``, and
   ``special_tokens`` (a dict passed to ``tokenizer.add_special_tokens``; embeddings are resized).
-- ``wandb_config`` is accepted and ignored with a warning: runs log to TensorBoard in
-  ``args.output_dir``.
+- ``wandb_config``: the same metrics also go to a W&B run built from it
+  (:func:`llm_marl.learners.logging.open_wandb`; optional extra ``llm_marl[wandb]``).
+- ``args.output_dir`` None (CoMLRL's config has no such field): the run still leaves a record,
+  in a default run directory ``runs/<wandb name or algorithm>-<time>``
+  (:func:`~llm_marl.learners.run_dir.default_run_dir`), printed when the trainer is built: TensorBoard logs, ``metrics.jsonl``, checkpoints.
+- ``dataset_type=`` (CoMLRL 1.4.0-1.4.2; removed in 1.4.3) is accepted with a
+  ``DeprecationWarning`` and only recorded in the W&B run's config, as 1.4.2 did.
+- ``train_dataset`` is needed only by ``train()``: a trainer built with ``eval_dataset`` alone
+  evaluates, and ``train()`` raises ``ValueError``.
+- ``eval_logger`` is called in the form its signature asks for: CoMLRL 1.4.3's
+  ``(agent_completions_turns=, batch_items=, prompts=)``, or 1.4.0-1.4.2's
+  ``(agent_completions_turns=, test_cases=, entry_points=, prompts=)`` when it names
+  ``test_cases`` or ``entry_points`` (each item's ``"test"`` and ``"entry_point"``, "" if absent).
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import inspect
+import os
 import warnings
-from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Sequence
 
 from llm_marl.envs.dialogue import DialogueEnv
+from llm_marl.learners.run_dir import default_run_dir
 from llm_marl.tasks.function_task import FunctionTask
 
 
 @dataclass
 class AnchorBuild:
+    """What the anchor library's keywords build."""
+
+    args: Any
+    """The config, with ``output_dir`` filled in when it was None."""
     env: DialogueEnv
+    """The training env (the eval env when no train_dataset was given)."""
     eval_env: DialogueEnv | None
+    """The eval env, when an eval_dataset was given."""
     policies: list[Any]
+    """One CausalLMPolicy per agent."""
     tokenizers: list[Any]
+    """One tokenizer per agent."""
     eval_logger: Callable[..., Any] | None
+    """The eval logger, adapted to the 1.4.3 call form."""
     eval_aggregator: Callable[..., Any] | None
+    """The eval aggregator."""
+    wandb_config: dict[str, Any] | None = None
+    """The W&B run's settings, when given."""
+    run_config: dict[str, Any] = field(default_factory=dict)
+    """Extra entries of the W&B run config (models, dataset_type)."""
+    cannot_train: str | None = None
+    """Why train() must refuse (no train_dataset), or None."""
 
 
 def _default_formatter(item: Any) -> str:
@@ -65,16 +96,25 @@ def build_from_anchor_kwargs(
     wandb_config: dict[str, Any] | None = None,
     eval_logger: Callable[..., Any] | None = None,
     eval_aggregator: Callable[..., Any] | None = None,
+    dataset_type: str | None = None,
+    algorithm: str = "magrpo",
 ) -> AnchorBuild:
     """Build env, eval env and policies from the anchor library's keywords (see module doc)."""
     if (agent_model is None) == (agents is None):
         raise ValueError("pass exactly one of agent_model= (homogeneous agents) or agents= (a list, one per agent)")
     if reward_func is None:
         raise ValueError("reward_func is required: reward_func(answers_agent_0, answers_agent_1, ...) -> [float]")
-    if train_dataset is None:
-        raise ValueError("train_dataset is required to train")
-    if wandb_config is not None:
-        warnings.warn("wandb_config is ignored: llm_marl logs to TensorBoard under args.output_dir", stacklevel=3)
+    if train_dataset is None and eval_dataset is None:
+        raise ValueError("train_dataset is required to train (or give eval_dataset= to only evaluate)")
+    if dataset_type is not None:
+        warnings.warn(
+            "dataset_type= was accepted by CoMLRL 1.4.0-1.4.2 and removed in 1.4.3; it is only recorded "
+            "in the W&B run config (as dataset_type). Drop it from the trainer call.",
+            DeprecationWarning,
+            stacklevel=3,
+        )
+    if wandb_config is not None and not isinstance(wandb_config, Mapping):
+        raise TypeError(f"wandb_config must be a dict (project, entity, name, dir, tags, ...), got {type(wandb_config).__name__}")
     count = len(agents) if agents is not None else (num_agents if num_agents is not None else args.num_agents)
     if args.num_agents != count:
         raise ValueError(f"args.num_agents is {args.num_agents} but {count} agents were given")
@@ -114,9 +154,78 @@ def build_from_anchor_kwargs(
         reward_processor=reward_processor,
         external_prompt_passthrough=args.external_prompt_passthrough,
     )
-    env = DialogueEnv(task, split="train")
     eval_env = DialogueEnv(task, split="eval") if eval_dataset is not None and len(eval_dataset) else None
-    return AnchorBuild(env, eval_env, policies, tokenizers, eval_logger, eval_aggregator)
+    env = DialogueEnv(task, split="train") if train_dataset is not None else (eval_env or DialogueEnv(task, split="eval"))
+    cannot_train = None if train_dataset is not None else "train_dataset is required to train: pass train_dataset= to the trainer"
+    if args.output_dir is None:
+        name = (wandb_config or {}).get("name") or (wandb_config or {}).get("run_name") or algorithm
+        args = dataclasses.replace(args, output_dir=default_run_dir(name))
+        if os.environ.get("RANK", "0") == "0":
+            print(
+                f"[llm_marl] no output_dir given: this run is recorded in {args.output_dir} "
+                f"(TensorBoard logs, metrics.jsonl, checkpoints; tensorboard --logdir {args.output_dir}/logs)",
+                flush=True,
+            )
+    run_config = {
+        "algorithm": algorithm,
+        "models": [source if isinstance(source, str) else _model_name(source) for source in sources],
+    }
+    if dataset_type is not None:
+        run_config["dataset_type"] = dataset_type
+    return AnchorBuild(
+        args,
+        env,
+        eval_env,
+        policies,
+        tokenizers,
+        adapt_eval_logger(eval_logger),
+        eval_aggregator,
+        wandb_config=dict(wandb_config) if wandb_config is not None else None,
+        run_config=run_config,
+        cannot_train=cannot_train,
+    )
+
+
+def adapt_eval_logger(logger: Callable[..., Any] | None) -> Callable[..., Any] | None:
+    """``logger`` as a callable of the 1.4.3 form ``(agent_completions_turns=, batch_items=,
+    prompts=)``, calling it in the form its signature asks for (see the module docstring)."""
+    if logger is None:
+        return None
+    if not callable(logger):
+        raise TypeError(f"eval_logger must be callable, got {type(logger).__name__}")
+    try:
+        params = inspect.signature(logger).parameters
+    except (TypeError, ValueError):
+        return logger
+    star_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    legacy = ("test_cases" in params or "entry_points" in params) and "batch_items" not in params
+
+    def accepts(name: str) -> bool:
+        return name in params or star_kwargs
+
+    def call(*, agent_completions_turns: Any, batch_items: list[Any], prompts: list[str]) -> Any:
+        kwargs: dict[str, Any] = {"agent_completions_turns": agent_completions_turns}
+        if legacy:
+            kwargs["test_cases"] = [_field(item, "test") for item in batch_items]
+            kwargs["entry_points"] = [_field(item, "entry_point") for item in batch_items]
+        elif accepts("batch_items"):
+            kwargs["batch_items"] = batch_items
+        if accepts("prompts"):
+            kwargs["prompts"] = prompts
+        return logger(**kwargs)
+
+    call.form = "1.4.2" if legacy else "1.4.3"  # type: ignore[attr-defined]
+    call.wrapped = logger  # type: ignore[attr-defined]
+    return call
+
+
+def _field(item: Any, key: str) -> Any:
+    return item.get(key, "") if isinstance(item, Mapping) else ""
+
+
+def _model_name(model: Any) -> str:
+    config = getattr(model, "config", None)
+    return str(getattr(config, "_name_or_path", "") or type(model).__name__)
 
 
 def _check_distinct_models(sources: list[Any]) -> None:
@@ -180,3 +289,55 @@ def _add_special_tokens(models: list[Any], tokenizers: list[Any], special: dict[
     for model, tok in zip(models, tokenizers):
         if tok.add_special_tokens(dict(special)):
             model.resize_token_embeddings(len(tok))
+
+
+ADAMW_DEFAULT_WEIGHT_DECAY: float = inspect.signature(__import__("torch").optim.AdamW).parameters["weight_decay"].default
+"""torch AdamW's default weight decay (0.01): what CoMLRL's optimizers use, as it builds
+``torch.optim.AdamW(params, lr=agent_learning_rate)``."""
+
+
+def normalize_comlrl_fields(config: Any) -> None:
+    """CoMLRL spellings in a config, before validation: ``parallel_training`` "null" (any case)
+    means "none"; an ``agent_devices`` / ``reference_devices`` of "auto" (or ["auto"]) means
+    cuda:0 when CUDA is available, else cpu."""
+    if isinstance(config.parallel_training, str):
+        mode = config.parallel_training.strip().lower()
+        config.parallel_training = "none" if mode == "null" else mode
+    for name in ("agent_devices", "reference_devices"):
+        devices = getattr(config, name)
+        if devices == "auto" or (isinstance(devices, (list, tuple)) and list(devices) == ["auto"]):
+            import torch
+
+            setattr(config, name, "cuda:0" if torch.cuda.is_available() else "cpu")
+
+
+class CoMLRLTrain:
+    """``train()`` with CoMLRL 1.4.3's signature, for the trainers of :mod:`llm_marl.comlrl`."""
+
+    def train(
+        self,
+        resume_from_checkpoint: str | bool | None = None,
+        checkpoint_dir: str | None = None,
+        checkpoint_interval: int = 1,
+        checkpoint_total_limit: int | None = None,
+    ) -> Any:
+        """Train (see :meth:`llm_marl.learners.reinforce.MAGRPOTrainer.train`).
+
+        ``checkpoint_total_limit`` sets ``save_total_limit``. CoMLRL's epoch-based
+        ``checkpoint_dir`` / ``checkpoint_interval`` have no counterpart: checkpoints go to
+        ``output_dir`` every ``save_steps`` optimizer steps, and passing either raises ValueError.
+        """
+        if checkpoint_dir is not None and os.path.abspath(checkpoint_dir) != os.path.abspath(str(self.args.output_dir)):
+            raise ValueError(
+                f"checkpoint_dir={checkpoint_dir!r}: llm_marl writes checkpoints into the run directory "
+                f"(output_dir={self.args.output_dir!r}); set the config's output_dir instead"
+            )
+        if checkpoint_interval != 1:
+            raise ValueError(
+                f"checkpoint_interval={checkpoint_interval!r} (epochs) is not supported: set the config's "
+                "save_steps (a checkpoint every that many optimizer steps)"
+            )
+        if checkpoint_total_limit is not None:
+            self.args.save_total_limit = checkpoint_total_limit
+            self.args.validate()
+        return super().train(resume_from_checkpoint=resume_from_checkpoint)  # type: ignore[misc]

@@ -82,13 +82,13 @@ class MAGRPOConfig:
     parallel_training: str = "none"
     """"none", or "mp": each agent on its own device, agents run concurrently."""
     agent_devices: Sequence[str] | str | None = None
-    """Device of each agent's model (one string: the same for all); required for parallel_training="mp"."""
+    """Device of each agent's model (one string, or a one-entry list: the same for all); required for parallel_training="mp"."""
     reference_kl_enabled: bool = False
     """Subtract a frozen-reference KL penalty from each answer's return."""
     reference_kl_coef: float = 0.1
     """Weight of the reference KL penalty (>= 0)."""
     reference_devices: Sequence[str] | str | None = None
-    """Device of each agent's frozen reference model (default: the agent's device)."""
+    """Device of each agent's frozen reference model (one entry: the same for all; default: the agent's device)."""
 
     # --- beyond the specification ---
     seed: int = 42
@@ -116,6 +116,8 @@ class MAGRPOConfig:
     """A task error while rolling out an item: "raise" stops training; "skip" drops the item, counts and logs it."""
     progress_bar: bool = True
     """Show a tqdm progress bar during training."""
+    report_to: Sequence[str] | str | None = None
+    """Extra metric destinations: "wandb" also sends every logged metric to a W&B run (learners/logging.py)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -126,15 +128,16 @@ class MAGRPOConfig:
         return self.rollout_buffer_size if self.train_batch_size is None else self.train_batch_size
 
     def normalize(self) -> None:
-        """Spell values canonically: "crossed" -> "cross", one device string -> one per agent."""
+        """Spell values canonically: "crossed" -> "cross", one device (a string or a one-entry list) -> one per agent."""
         if self.joint_mode == "crossed":
             self.joint_mode = "cross"
         for name in ("agent_devices", "reference_devices"):
             devices = getattr(self, name)
             if isinstance(devices, str):
                 setattr(self, name, [devices] * self.num_agents)
-            elif devices is not None and not isinstance(devices, list):
-                setattr(self, name, list(devices))
+            elif devices is not None:
+                devices = list(devices)
+                setattr(self, name, devices * self.num_agents if len(devices) == 1 else devices)
 
     def validate(self) -> None:
         """Normalize (see :meth:`normalize`), then raise ValueError naming the first invalid field."""

@@ -23,23 +23,51 @@ The x-axis of every curve is the dataset batch: training metrics of batch s (0-b
 over all epochs) are logged at step s, and an evaluation run before batch s is logged at step s
 too (after training, at the number of batches trained). On resume from a checkpoint taken after
 batch s, everything logged at steps > s by the interrupted run is purged.
+
+Weights & Biases. With ``wandb_config`` (drop-in constructor) or ``report_to`` naming
+``"wandb"``, every metric logged here also goes to a W&B run (:func:`open_wandb`), at the same
+step. The run is built from ``wandb_config``: ``project``, ``entity``, ``name`` (or
+``run_name``), ``dir`` (default: the run directory), ``tags``, ``config`` (merged over the
+trainer's config), and ``id``/``resume`` when given; W&B's own environment variables
+(``WANDB_MODE=offline``, ``WANDB_PROJECT``, ...) apply as usual. W&B is an optional extra
+(``pip install 'llm_marl[wandb]'``); without it a warning says so and the run is recorded in
+TensorBoard and metrics.jsonl only. W&B drops a step lower than one it has seen (a resumed run
+logging into the same W&B run), with its own warning.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from typing import Mapping
+import warnings
+from typing import Any, Mapping, Protocol, Sequence
+
+WANDB_INSTALL_HINT = "pip install 'llm_marl[wandb]' (or pip install wandb)"
+
+
+class MetricsMirror(Protocol):
+    """Somewhere else every logged metric goes (e.g. a W&B run)."""
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None: ...
 
 
 class RunLogger:
     """Writes scalars to TensorBoard (``output_dir/logs``) and ``output_dir/metrics.jsonl``.
 
     With ``output_dir=None`` nothing is written, but ``history`` still records every call.
+    ``mirrors`` get every call too (closing the logger leaves them open: their owner ends them).
     """
 
-    def __init__(self, output_dir: str | None, *, enabled: bool = True, purge_step: int | None = None):
+    def __init__(
+        self,
+        output_dir: str | None,
+        *,
+        enabled: bool = True,
+        purge_step: int | None = None,
+        mirrors: Sequence[MetricsMirror] = (),
+    ):
         self.output_dir = output_dir if enabled else None
+        self.mirrors = list(mirrors) if enabled else []
         self.history: list[tuple[int, dict[str, float]]] = []
         self._writer = None
         if self.output_dir is not None:
@@ -53,6 +81,8 @@ class RunLogger:
     def log(self, metrics: Mapping[str, float], step: int) -> None:
         clean = {name: float(value) for name, value in metrics.items()}
         self.history.append((step, clean))
+        for mirror in self.mirrors:
+            mirror.log(clean, step)
         if self._writer is None:
             return
         for name, value in clean.items():
@@ -80,3 +110,69 @@ def _truncate_jsonl(path: str, purge_step: int) -> None:
         kept = [line for line in f if line.strip() and json.loads(line)["step"] < purge_step]
     with open(path, "w") as f:
         f.writelines(kept)
+
+
+class WandbMirror:
+    """A W&B run that receives the logged metrics (``run.log(metrics, step=step)``)."""
+
+    def __init__(self, run: Any):
+        self.run = run
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        self.run.log(dict(metrics), step=step)
+
+    def finish(self) -> None:
+        self.run.finish()
+
+
+def wants_wandb(report_to: Any) -> bool:
+    """Whether ``report_to`` (a name, a list of names, or None) names ``"wandb"``."""
+    if report_to is None:
+        return False
+    names = [report_to] if isinstance(report_to, str) else list(report_to)
+    return any(str(name).lower() == "wandb" for name in names)
+
+
+def wandb_init_kwargs(wandb_config: Mapping[str, Any] | None, run_config: Mapping[str, Any], default_dir: str | None) -> dict[str, Any]:
+    """``wandb.init`` keywords from a CoMLRL-style ``wandb_config`` (see the module docstring)."""
+    wandb_config = dict(wandb_config or {})
+    unknown = sorted(set(wandb_config) - {"project", "entity", "name", "run_name", "dir", "tags", "config", "config_sections", "id", "resume", "mode", "group", "notes", "job_type"})
+    if unknown:
+        warnings.warn(f"wandb_config keys {unknown} are not used", stacklevel=3)
+    config = dict(run_config)
+    if isinstance(wandb_config.get("config_sections"), Mapping):
+        config.update(wandb_config["config_sections"])
+    if isinstance(wandb_config.get("config"), Mapping):
+        config.update(wandb_config["config"])
+    kwargs: dict[str, Any] = {"config": config}
+    for key in ("project", "entity", "id", "resume", "mode", "group", "notes", "job_type"):
+        if wandb_config.get(key) is not None:
+            kwargs[key] = wandb_config[key]
+    name = wandb_config.get("name") or wandb_config.get("run_name")
+    if name:
+        kwargs["name"] = name
+    directory = wandb_config.get("dir") or default_dir
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+        kwargs["dir"] = directory
+    tags = wandb_config.get("tags")
+    if tags is not None:
+        if isinstance(tags, str) or not all(isinstance(tag, str) for tag in tags):
+            raise ValueError(f"wandb_config['tags'] must be a list of strings, got {tags!r}")
+        kwargs["tags"] = list(tags)
+    return kwargs
+
+
+def open_wandb(wandb_config: Mapping[str, Any] | None, run_config: Mapping[str, Any], default_dir: str | None) -> WandbMirror | None:
+    """Start the W&B run (see :func:`wandb_init_kwargs`); None, with a warning that says how to
+    install it, when the ``wandb`` package is missing."""
+    try:
+        import wandb
+    except ImportError:
+        warnings.warn(
+            f"W&B logging was asked for (wandb_config / report_to) but the wandb package is not installed: "
+            f"{WANDB_INSTALL_HINT}. This run is recorded in TensorBoard and metrics.jsonl only.",
+            stacklevel=3,
+        )
+        return None
+    return WandbMirror(wandb.init(**wandb_init_kwargs(wandb_config, run_config, default_dir)))

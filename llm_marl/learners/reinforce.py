@@ -42,7 +42,7 @@ from llm_marl.learners.buffer import RolloutBuffer, Sample, samples_from_trees
 from llm_marl.learners.checks import check_horizon, check_policies, env_horizon
 from llm_marl.learners.distributed import DistributedContext
 from llm_marl.learners.config import MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig
-from llm_marl.learners.logging import RunLogger
+from llm_marl.learners.logging import RunLogger, open_wandb, wants_wandb
 from llm_marl.learners.tree import RolloutNode, collect_trees, derive_seed, grow_trees, iter_nodes
 from llm_marl.policies.base import Completion, Policy, token_log_probs_of
 from llm_marl.tasks.base import TaskError
@@ -123,6 +123,7 @@ class MAGRPOTrainer:
         eval_aggregator: Callable[..., dict[str, float]] | None = None,
         **anchor_kwargs: Any,
     ):
+        wandb_config, run_config, self._cannot_train = None, {}, None
         if args is None and env is not None and not anchor_kwargs:
             # a default config fits the env: its agent count and, where it declares one, its horizon
             env = _instantiate(env, "env")
@@ -142,8 +143,9 @@ class MAGRPOTrainer:
                 raise TypeError(
                     f"pass either env=/policies= or the anchor-library keywords, not both (got {sorted(anchor_kwargs)})"
                 )
-            built = build_from_anchor_kwargs(self.args, **anchor_kwargs)
-            env, policies, eval_env = built.env, built.policies, built.eval_env
+            built = build_from_anchor_kwargs(self.args, algorithm=type(self).__name__.removesuffix("Trainer").lower(), **anchor_kwargs)
+            self.args, env, policies, eval_env = built.args, built.env, built.policies, built.eval_env
+            wandb_config, run_config, self._cannot_train = built.wandb_config, built.run_config, built.cannot_train
             eval_logger = eval_logger or built.eval_logger
             eval_aggregator = eval_aggregator or built.eval_aggregator
             self.tokenizers = built.tokenizers
@@ -184,7 +186,10 @@ class MAGRPOTrainer:
         self.eval_aggregator = eval_aggregator
         self.buffers = {a: RolloutBuffer() for a in self.agents}
         self.state = TrainerState()
-        self.logger = RunLogger(None)
+        self.wandb = None
+        if self.dist.is_main and (wandb_config is not None or wants_wandb(self.args.report_to)):
+            self.wandb = open_wandb(wandb_config, {**self.args.to_dict(), **run_config}, self.args.output_dir)
+        self.logger = RunLogger(None, mirrors=self._mirrors())
         self._pending: dict[str, list[float]] = {}
 
     # --- public API ---------------------------------------------------------------------------
@@ -198,6 +203,8 @@ class MAGRPOTrainer:
         from llm_marl.learners import checkpoint
 
         args = self.args
+        if self._cannot_train:
+            raise ValueError(self._cannot_train)
         seed_everything(args.seed)
         if resume_from_checkpoint:
             path = checkpoint.resolve(resume_from_checkpoint, args.output_dir)
@@ -207,6 +214,7 @@ class MAGRPOTrainer:
         self.logger = RunLogger(
             args.output_dir if self.dist.is_main else None,
             purge_step=self.state.batch_step if resume_from_checkpoint else None,
+            mirrors=self._mirrors(),
         )
         batches = self._batches()
         total = args.num_train_epochs * len(batches)
@@ -235,13 +243,17 @@ class MAGRPOTrainer:
             self.logger.close()
         return self.state
 
+    def _mirrors(self) -> list[Any]:
+        return [self.wandb] if self.wandb is not None else []
+
     def _reached_max_steps(self) -> bool:
         return self.args.max_steps is not None and self.state.global_step >= self.args.max_steps
 
-    def evaluate(self) -> dict[str, float]:
-        """Play ``eval_num_samples`` eval items once each (one answer per agent per turn, no early
-        termination) and return — and log — ``eval/turn_k/reward_mean`` and
-        ``eval/turn_k/expected_return``, plus the eval hooks' metrics when both are given.
+    def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
+        """Play ``num_eval_samples`` (default ``eval_num_samples``) eval items once each (one
+        answer per agent per turn, no early termination) and return — and log —
+        ``eval/turn_k/reward_mean`` and ``eval/turn_k/expected_return``, plus the eval hooks'
+        metrics when both are given.
 
         Evaluation plays the ``eval_env`` passed to the constructor, else the eval split of a
         :class:`~llm_marl.envs.DialogueEnv`'s task — never the training items unless the training
@@ -252,19 +264,23 @@ class MAGRPOTrainer:
         counted in ``eval/skipped_items``.
         """
         args = self.args
+        if num_eval_samples is None:
+            num_eval_samples = args.eval_num_samples
+        if isinstance(num_eval_samples, bool) or not isinstance(num_eval_samples, int) or num_eval_samples < 0:
+            raise ValueError(f"num_eval_samples must be an int >= 0, got {num_eval_samples!r}")
         env = self.eval_env
         if env is None:
             self._warn_once("no-eval", f"evaluation skipped: {self.no_eval_reason}")
             return {}
         available = _num_items(env)
-        if args.eval_num_samples > available:
+        if num_eval_samples > available:
             self._warn_once(
                 "eval-size",
-                f"eval_num_samples is {args.eval_num_samples} but the eval data has {available} "
+                f"eval_num_samples is {num_eval_samples} but the eval data has {available} "
                 f"item{'s' if available != 1 else ''}; "
                 f"evaluating on all {available}",
             )
-        count = min(args.eval_num_samples, available)
+        count = min(num_eval_samples, available)
         skip = args.reward_error_policy == "skip"
         roots: list[RolloutNode] = []
         for start in range(0, count, args.eval_batch_size):

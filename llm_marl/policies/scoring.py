@@ -184,14 +184,18 @@ def answer_logits_shared(
         return first
     cache.batch_select_indices(index)
     # Answer tokens 0 .. width_a - 2 predict tokens 1 .. width_a - 1.
+    attention_mask = torch.cat([prompt_mask[index], mask[:, 1:].long()], dim=1)
     inputs = {
         "input_ids": targets[:, :-1],
-        "attention_mask": torch.cat([prompt_mask[index], mask[:, 1:].long()], dim=1),
+        "attention_mask": attention_mask,
         runner.cache_keyword: cache,
         "use_cache": True,
     }
     if runner.takes_position_ids:
-        start = prompt_mask.sum(-1)[index].unsqueeze(1)
-        inputs["position_ids"] = start + torch.arange(targets.shape[1] - 1, device=start.device)
+        # The one-pass path's positions: real tokens counted, right padding repeats the answer's
+        # last position. (Numbering padding on past the answer's end runs past the context for a
+        # prompt near the limit batched with longer answers: IndexError in position embeddings.)
+        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        inputs["position_ids"] = positions[:, prompt_mask.shape[1] :]
     rest = runner.forward(inputs, row_routes).logits
     return torch.cat([first, rest], dim=1)

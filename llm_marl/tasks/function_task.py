@@ -4,10 +4,19 @@ Scripts written for CoMLRL describe a task with a dataset, a reward function, on
 agent and an external transition. ``FunctionTask`` turns those into a
 :class:`~llm_marl.tasks.base.CooperativeTask`, honouring CoMLRL's call conventions:
 
-- ``reward_func(answers_agent_0, answers_agent_1, ...)`` is called once per joint answer with
-  one single-element list per agent, positionally, plus ``batch_items=[item]`` when its
-  signature has that parameter or ``**kwargs``. It returns a list of floats; element 0 is the
-  reward. ``reward_processor`` (float -> float) is applied to it.
+- ``reward_func`` is called once per joint answer with one single-element list per agent, in
+  the form its signature asks for (as CoMLRL's reward caller does; :func:`reward_call`):
+  ``f(answers_0, answers_1, ...)`` (also ``f(*answers)``); ``f(prompts, answers_0, ...)`` when it
+  has one positional parameter more than there are agents (or its first is named ``prompts``);
+  ``f([answers_0, answers_1, ...])`` when it has one positional parameter (and there are several
+  agents). Parameters named ``batch_items`` (and ``prompts`` when not first) are never counted
+  as positional: unlike CoMLRL 1.4.3's aligned mode, ``f(a, b, batch_items=None)`` does get
+  its items. ``batch_items=[item]`` is
+  added when it names ``batch_items`` or takes ``**kwargs``, and ``prompts=`` when it names
+  ``prompts`` (or takes ``**kwargs``) and did not get them positionally. ``prompts`` is a
+  one-element list: agent 0's prompt at this turn. A reward function without an inspectable
+  signature gets ``f(answers_0, answers_1, ...)``. It returns a list of floats (or one float);
+  element 0 is the reward. ``reward_processor`` (float -> float) is applied to it.
 - ``formatters[i](item)`` gives agent i's first prompt. At later turns, unless
   ``external_prompt_passthrough`` is True, the item's ``"prompt"`` is replaced by the
   transition's text and the formatter is called as ``formatter(item, external_prompts=text)``
@@ -25,11 +34,14 @@ from __future__ import annotations
 
 import inspect
 import numbers
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import datasets
 
 from llm_marl.tasks.base import CooperativeTask
+
+NEXT_PROMPT_MEMO_SIZE = 4096
 
 
 def accepts_keyword(fn: Callable[..., Any], name: str) -> bool:
@@ -39,6 +51,47 @@ def accepts_keyword(fn: Callable[..., Any], name: str) -> bool:
     except (TypeError, ValueError):
         return False
     return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+@dataclass(frozen=True)
+class RewardCall:
+    """How to call a reward function (see the module docstring)."""
+
+    form: str
+    """"answers" (one positional list per agent), "prompts+answers" or "one list"."""
+    batch_items: bool
+    """Pass ``batch_items=[item]``."""
+    prompts_keyword: bool
+    """Pass ``prompts=[prompt]`` as a keyword."""
+
+    @property
+    def needs_prompts(self) -> bool:
+        return self.form == "prompts+answers" or self.prompts_keyword
+
+
+def reward_call(fn: Callable[..., Any], num_agents: int) -> RewardCall:
+    """The call form ``fn``'s signature asks for, given ``num_agents`` answer lists."""
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return RewardCall("answers", batch_items=False, prompts_keyword=False)
+    positional = [p for p in params if p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)]
+    # batch_items, and a prompts that is not first, are keyword parameters however declared.
+    positional = [p for i, p in enumerate(positional) if p.name != "batch_items" and (p.name != "prompts" or i == 0)]
+    star_args = any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in params)
+    star_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    names = {p.name for p in params}
+    form = "answers"
+    if not star_args:
+        if len(positional) == num_agents + 1 or (positional and positional[0].name == "prompts"):
+            form = "prompts+answers"
+        elif len(positional) == 1 and num_agents > 1:
+            form = "one list"
+    return RewardCall(
+        form,
+        batch_items="batch_items" in names or star_kwargs,
+        prompts_keyword=form != "prompts+answers" and ("prompts" in names or star_kwargs),
+    )
 
 
 def agent_names(num_agents: int) -> tuple[str, ...]:
@@ -87,7 +140,8 @@ class FunctionTask(CooperativeTask):
         self.external_transition = external_transition
         self.external_prompt_passthrough = external_prompt_passthrough
         self._splits = {"train": _as_dataset(dataset), "eval": _as_dataset(eval_dataset)}
-        self._reward_takes_items = accepts_keyword(reward_func, "batch_items")
+        self._reward_call = reward_call(reward_func, num_agents)
+        self._next_prompts: dict[Any, dict[str, str]] = {}
         self._formatter_takes_external = [accepts_keyword(f, "external_prompts") for f in formatters]
 
     def dataset(self, split: str) -> datasets.Dataset:
@@ -109,8 +163,17 @@ class FunctionTask(CooperativeTask):
 
     def reward(self, item, actions, history):
         answers = [[actions[agent]] for agent in self.agents]
-        kwargs = {"batch_items": [item]} if self._reward_takes_items else {}
-        result = self.reward_func(*answers, **kwargs)
+        call = self._reward_call
+        prompts = [self._current_prompt(item, history)] if call.needs_prompts else None
+        args: list[Any] = answers
+        if call.form == "prompts+answers":
+            args = [prompts, *answers]
+        elif call.form == "one list":
+            args = [answers]
+        kwargs: dict[str, Any] = {"batch_items": [item]} if call.batch_items else {}
+        if call.prompts_keyword:
+            kwargs["prompts"] = prompts
+        result = self.reward_func(*args, **kwargs)
         if isinstance(result, (int, float)) and not isinstance(result, bool):
             value = result
         elif isinstance(result, Sequence) and not isinstance(result, str) and len(result) > 0:
@@ -125,7 +188,25 @@ class FunctionTask(CooperativeTask):
             value = self.reward_processor(value)
         return value
 
+    def _current_prompt(self, item: Mapping[str, Any], history: Sequence[Any]) -> str:
+        """Agent 0's prompt at the turn after ``history``: its formatter's at turn 0, else what
+        the transition gave it (remembered from that call; recomputed when not at hand)."""
+        if not history:
+            return self._format(0, item)
+        prompts = self._next_prompts.get(_path_key(item, history))
+        if prompts is None:
+            prompts = self.transition(item, history[-1].actions, history)
+        return prompts[self.agents[0]]
+
     def transition(self, item, actions, history):
+        prompts = self._transition(item, actions, history)
+        if self._reward_call.needs_prompts:
+            if len(self._next_prompts) >= NEXT_PROMPT_MEMO_SIZE:
+                self._next_prompts.clear()
+            self._next_prompts[_path_key(item, history)] = prompts
+        return prompts
+
+    def _transition(self, item, actions, history):
         n = len(self.agents)
         completions = [actions[agent] for agent in self.agents]
         texts = self.external_transition(
@@ -150,6 +231,11 @@ class FunctionTask(CooperativeTask):
                 else:
                     prompts[agent] = self.formatters[i](revised)
         return prompts
+
+
+def _path_key(item: Mapping[str, Any], history: Sequence[Any]) -> tuple[str, tuple[tuple[tuple[str, str], ...], ...]]:
+    """The item and the answers played so far: what the next prompts depend on."""
+    return repr(sorted(item.items(), key=lambda kv: str(kv[0]))), tuple(tuple(sorted(turn.actions.items())) for turn in history)
 
 
 def _as_dataset(data: datasets.Dataset | Sequence[Mapping[str, Any]] | None) -> datasets.Dataset | None:

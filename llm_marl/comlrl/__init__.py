@@ -1,0 +1,27 @@
+"""CoMLRL's import paths, served by llm_marl: run a CoMLRL 1.4.x training script unchanged
+except for its imports.
+
+Migrating a script (or a whole companion repository) is one mechanical rewrite::
+
+    sed -i -E 's/^(\\s*)(from|import) comlrl([. ])/\\1\\2 llm_marl.comlrl\\3/' train_*.py
+
+which turns ``from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer`` into
+``from llm_marl.comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer`` (and
+``import comlrl.utils.reward_processor`` into ``import llm_marl.comlrl.utils.reward_processor``).
+
+What is here:
+
+- :mod:`llm_marl.comlrl.trainers.reinforce` (and its modules ``magrpo``, ``mareinforce``,
+  ``marloo``, ``maremax``): the four configs and trainers, with CoMLRL's defaults (the optimizer
+  is torch AdamW with its default weight decay 0.01, as CoMLRL builds it) and its ``train()``
+  signature. Every keyword of CoMLRL 1.4.0-1.4.3's constructor is accepted
+  (:mod:`llm_marl.learners.anchor_compat` says how each is honoured).
+- :mod:`llm_marl.comlrl.utils.reward_processor`: ``RewardProcessors.scale`` / ``.shift``.
+
+Not here: ``comlrl.trainers.actor_critic`` (IAC/MAAC; llm_marl's actor-critic learners are a
+separate piece of work), the preference trainers, and CoMLRL's internal helpers.
+
+The classes are thin adapters over :mod:`llm_marl.learners`; the behaviour that deliberately
+differs from CoMLRL (every answer token scored, ``discount`` honoured, ``joint_mode="crossed"``
+the same as "cross") is listed in the README's migration section.
+"""

@@ -1,0 +1,30 @@
+"""CoMLRL's ``comlrl.trainers.reinforce.maremax``: MAReMax with a max baseline, on :mod:`llm_marl.learners`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llm_marl.learners import config as _config
+from llm_marl.learners import reinforce as _reinforce
+from llm_marl.learners.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
+
+
+@dataclass
+class MAReMaxConfig(_config.MAReMaxConfig):
+    """:class:`llm_marl.learners.config.MAReMaxConfig` with CoMLRL's optimizer default."""
+
+    weight_decay: float = ADAMW_DEFAULT_WEIGHT_DECAY
+    """AdamW weight decay; CoMLRL's optimizer is torch AdamW with its default (0.01)."""
+
+    def __post_init__(self) -> None:
+        normalize_comlrl_fields(self)
+        super().__post_init__()
+
+
+class MAReMaxTrainer(CoMLRLTrain, _reinforce.MAReMaxTrainer):
+    """:class:`llm_marl.learners.reinforce.MAReMaxTrainer` with CoMLRL's ``train()`` signature."""
+
+    config_class = MAReMaxConfig
+
+
+__all__ = ["MAReMaxConfig", "MAReMaxTrainer"]
