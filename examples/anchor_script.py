@@ -9,8 +9,9 @@ script" markers are written exactly as for CoMLRL (``agent_model=``, ``tokenizer
     from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer   # CoMLRL
     from llm_marl import MAGRPOConfig, MAGRPOTrainer                    # llm_marl
 
-(Runs log to TensorBoard in ``output_dir`` rather than to W&B; a ``wandb_config=`` argument is
-accepted and ignored with a warning.)
+(``from llm_marl.comlrl.trainers.reinforce import ...`` serves CoMLRL's own import paths too; see
+the README's *Migrating from CoMLRL*. Runs log to TensorBoard and metrics.jsonl in
+``output_dir``, and to W&B as well when ``wandb_config=`` is given.)
 
 The task: two agents read a sentence of Python documentation. Agent 1 restates it briefly
 ("In simple terms,"), agent 2 expands it ("For example,"); the shared reward asks for varied

@@ -1,13 +1,13 @@
-"""CoMLRL's import paths, served by llm_marl: run a CoMLRL 1.4.x training script unchanged
+r"""CoMLRL's import paths, served by llm_marl: run a CoMLRL 1.4.x training script unchanged
 except for its imports.
 
-Migrating a script (or a whole companion repository) is one mechanical rewrite::
+Migrating a script (or a whole companion repository) is one mechanical rewrite, run at its root
+(the README's *Migrating from CoMLRL* has the same line)::
 
-    sed -i -E 's/^(\\s*)(from|import) comlrl([. ])/\\1\\2 llm_marl.comlrl\\3/' train_*.py
+    grep -rlE '^\s*(from|import) comlrl([. ]|$)' --include='*.py' . | xargs sed -i -E 's/^(\s*)(from|import) comlrl([. ]|$)/\1\2 llm_marl.comlrl\3/'
 
 which turns ``from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer`` into
-``from llm_marl.comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer`` (and
-``import comlrl.utils.reward_processor`` into ``import llm_marl.comlrl.utils.reward_processor``).
+``from llm_marl.comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer``.
 
 What is here:
 

@@ -143,11 +143,12 @@ class MAGRPOTrainer:
                 raise TypeError(
                     f"pass either env=/policies= or the anchor-library keywords, not both (got {sorted(anchor_kwargs)})"
                 )
-            built = build_from_anchor_kwargs(self.args, algorithm=type(self).__name__.removesuffix("Trainer").lower(), **anchor_kwargs)
+            algorithm = type(self).__name__.removesuffix("Trainer").lower()
+            anchor_kwargs.update(eval_logger=eval_logger, eval_aggregator=eval_aggregator)
+            built = build_from_anchor_kwargs(self.args, algorithm=algorithm, **anchor_kwargs)
             self.args, env, policies, eval_env = built.args, built.env, built.policies, built.eval_env
             wandb_config, run_config, self._cannot_train = built.wandb_config, built.run_config, built.cannot_train
-            eval_logger = eval_logger or built.eval_logger
-            eval_aggregator = eval_aggregator or built.eval_aggregator
+            eval_logger, eval_aggregator = built.eval_logger, built.eval_aggregator
             self.tokenizers = built.tokenizers
         self.env = _instantiate(env, "env")
         self.no_eval_reason: str | None = None
