@@ -61,6 +61,7 @@ def migrated_run(tiny_model, tmp_path_factory):
         "TOKENIZERS_PARALLELISM": "false",
         "OMP_NUM_THREADS": "1",
     }
+    env.pop("WANDB_SERVICE", None)  # set by an in-process W&B run of another test: the script starts its own
     save_path = work / "final_model"
     proc = subprocess.run(
         [sys.executable, "train_magrpo.py", "--config", "config.yaml", "--override",

@@ -23,7 +23,12 @@ Choices where the anchor library is silent or differs:
   (:func:`llm_marl.learners.logging.open_wandb`; optional extra ``llm_marl[wandb]``).
 - ``args.output_dir`` None (CoMLRL's config has no such field): the run still leaves a record,
   in a default run directory ``runs/<wandb name or algorithm>-<time>``
-  (:func:`~llm_marl.learners.run_dir.default_run_dir`), printed when the trainer is built: TensorBoard logs, ``metrics.jsonl``, checkpoints.
+  (:func:`~llm_marl.learners.run_dir.default_run_dir`), printed when the trainer is built:
+  TensorBoard logs, ``metrics.jsonl``, checkpoints (the W&B files too, unless
+  ``wandb_config["dir"]`` says otherwise).
+- The optimizer: each agent's AdamW with ``args.weight_decay``; the configs of
+  :mod:`llm_marl.comlrl` default it to torch's 0.01, which is what CoMLRL's
+  ``torch.optim.AdamW(params, lr=agent_learning_rate)`` uses.
 - ``dataset_type=`` (CoMLRL 1.4.0-1.4.2; removed in 1.4.3) is accepted with a
   ``DeprecationWarning`` and only recorded in the W&B run's config, as 1.4.2 did.
 - ``train_dataset`` is needed only by ``train()``: a trainer built with ``eval_dataset`` alone

@@ -24,15 +24,16 @@ over all epochs) are logged at step s, and an evaluation run before batch s is l
 too (after training, at the number of batches trained). On resume from a checkpoint taken after
 batch s, everything logged at steps > s by the interrupted run is purged.
 
-Weights & Biases. With ``wandb_config`` (drop-in constructor) or ``report_to`` naming
-``"wandb"``, every metric logged here also goes to a W&B run (:func:`open_wandb`), at the same
-step. The run is built from ``wandb_config``: ``project``, ``entity``, ``name`` (or
-``run_name``), ``dir`` (default: the run directory), ``tags``, ``config`` (merged over the
-trainer's config), and ``id``/``resume`` when given; W&B's own environment variables
-(``WANDB_MODE=offline``, ``WANDB_PROJECT``, ...) apply as usual. W&B is an optional extra
-(``pip install 'llm_marl[wandb]'``); without it a warning says so and the run is recorded in
-TensorBoard and metrics.jsonl only. W&B drops a step lower than one it has seen (a resumed run
-logging into the same W&B run), with its own warning.
+Weights & Biases. With a ``wandb_config`` (drop-in constructor) or with ``report_to`` naming
+wandb, every metric logged here also goes to a W&B run (:func:`open_wandb`), at the same step.
+The run is built from ``wandb_config``: project, entity, name (or run_name), dir (default: the
+run directory), tags, config_sections and config (merged over the trainer's config), and id /
+resume when given; W&B's own environment variables (WANDB_MODE=offline, WANDB_PROJECT, ...)
+apply as usual. W&B is an optional extra (``pip install 'llm_marl[wandb]'``); without it a
+warning says so and the run is recorded in TensorBoard and metrics.jsonl only. W&B drops a step
+lower than one it has seen (a resumed run logging into the same W&B run), with its own warning.
+The W&B run stays open after ``train()`` (later ``evaluate()`` calls are logged too) until the
+process ends or ``trainer.wandb.finish()``.
 """
 
 from __future__ import annotations
@@ -153,6 +154,8 @@ def wandb_init_kwargs(wandb_config: Mapping[str, Any] | None, run_config: Mappin
         kwargs["name"] = name
     directory = wandb_config.get("dir") or default_dir
     if directory:
+        # absolute: a W&B service shared with a parent process resolves relative paths from its own cwd
+        directory = os.path.abspath(directory)
         os.makedirs(directory, exist_ok=True)
         kwargs["dir"] = directory
     tags = wandb_config.get("tags")
