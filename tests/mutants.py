@@ -381,6 +381,63 @@ MUTANTS: list[Mutant] = [
         "            pass\n",
         ("tests/test_actor_critic.py::test_shared_placement_takes_one_step_on_the_sum_at_the_actor_rate",),
     ),
+    # --- issue 12: CoMLRL scripts (llm_marl.comlrl, W&B, default run directory, scoring fix) ----------
+    Mutant(
+        "shared-prompt scoring numbers padding on past the answer's end",
+        "llm_marl/policies/scoring.py",
+        '        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)\n        inputs["position_ids"] = positions[:, prompt_mask.shape[1] :]',
+        '        start = prompt_mask.sum(-1)[index].unsqueeze(1)\n        inputs["position_ids"] = start + torch.arange(targets.shape[1] - 1, device=start.device)',
+        ("tests/test_scoring_context_limit.py",),
+    ),
+    Mutant(
+        "RewardProcessors.shift subtracts",
+        "llm_marl/comlrl/utils/reward_processor.py",
+        "return reward + value",
+        "return reward - value",
+        ("tests/test_comlrl_compat.py::test_scale_multiplies_and_shift_adds",),
+    ),
+    Mutant(
+        "reward caller counts batch_items as a positional slot (CoMLRL 1.4.3 aligned mode)",
+        "llm_marl/tasks/function_task.py",
+        'if p.name != "batch_items" and (p.name != "prompts" or i == 0)]',
+        'if p.name != "prompts" or i == 0]',
+        ("tests/test_comlrl_compat.py::test_reward_forms_two_agents",),
+    ),
+    Mutant(
+        "1.4.2-form eval loggers are called in the 1.4.3 form",
+        "llm_marl/learners/anchor_compat.py",
+        'legacy = ("test_cases" in params or "entry_points" in params) and "batch_items" not in params',
+        "legacy = False",
+        ("tests/test_comlrl_compat.py::test_eval_logger_forms_are_chosen_from_the_signature",),
+    ),
+    Mutant(
+        "a one-entry agent_devices is not for every agent",
+        "llm_marl/learners/config.py",
+        "setattr(self, name, devices * self.num_agents if len(devices) == 1 else devices)",
+        "setattr(self, name, devices)",
+        ("tests/test_comlrl_compat.py::test_one_device_entry_is_for_every_agent",),
+    ),
+    Mutant(
+        "CoMLRL-style MAGRPO config keeps weight decay 0 (CoMLRL's AdamW has 0.01)",
+        "llm_marl/comlrl/trainers/reinforce/magrpo.py",
+        "weight_decay: float = ADAMW_DEFAULT_WEIGHT_DECAY",
+        "weight_decay: float = 0.0",
+        ("tests/test_comlrl_compat.py::test_comlrl_configs_default_to_the_optimizer_comlrl_builds",),
+    ),
+    Mutant(
+        "metrics never reach the W&B run",
+        "llm_marl/learners/logging.py",
+        "        for mirror in self.mirrors:\n",
+        "        for mirror in []:\n",
+        ("tests/test_comlrl_compat.py::test_report_to_wandb_sends_the_same_metrics",),
+    ),
+    Mutant(
+        "no default run directory without output_dir",
+        "llm_marl/learners/anchor_compat.py",
+        "    if args.output_dir is None:\n        name =",
+        "    if False:\n        name =",
+        ("tests/test_comlrl_compat.py::test_no_output_dir_gets_a_named_default_run_directory",),
+    ),
 ]
 
 
