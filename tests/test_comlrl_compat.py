@@ -399,3 +399,29 @@ def test_report_to_wandb_sends_the_same_metrics(tmp_path, monkeypatch):
     assert logged.keys() == expected.keys() and len(expected) >= 3
     for step in expected:
         assert logged[step] == pytest.approx(expected[step]), step
+
+
+# --- comlrl.trainers.actor_critic ---------------------------------------------------------------
+
+
+def test_actor_critic_paths_train_with_comlrl_optimizer_defaults():
+    import llm_marl.learners as learners
+    from llm_marl import TabularPolicy, make
+    from llm_marl.comlrl.trainers import IACTrainer as from_trainers
+    from llm_marl.comlrl.trainers.actor_critic import ActorCriticTrainerBase, IACConfig, IACTrainer, MAACConfig, MAACTrainer
+    from llm_marl.comlrl.trainers.actor_critic.iac import IACTrainer as from_module
+
+    assert from_trainers is IACTrainer is from_module
+    assert issubclass(IACTrainer, learners.IACTrainer) and issubclass(MAACTrainer, learners.MAACTrainer)
+    assert issubclass(MAACTrainer, ActorCriticTrainerBase)
+    for trainer_class, config_class in ((IACTrainer, IACConfig), (MAACTrainer, MAACConfig)):
+        config = config_class(num_turns=1, num_train_epochs=2, agent_learning_rate=0.1, critic_learning_rate=0.1,
+                              eval_interval=0, progress_bar=False, agent_devices=["cpu"])
+        assert config.weight_decay == 0.01 and config.agent_devices == ["cpu", "cpu"]
+        trainer = trainer_class(env=make("ClimbingGame-v0"), policies=[TabularPolicy(["alpha", "beta", "gamma"]) for _ in range(2)],
+                                args=config)
+        optimizers = list(trainer.optimizers.values()) + list(trainer.critic_optimizers.values())
+        assert len(optimizers) >= 3  # two actors and at least one critic
+        assert all(group["weight_decay"] == 0.01 for optimizer in optimizers for group in optimizer.param_groups)
+        state = trainer.train(checkpoint_total_limit=1)
+        assert state.epoch == 2 and state.global_step >= 1

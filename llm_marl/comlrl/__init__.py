@@ -18,8 +18,10 @@ What is here:
   (:mod:`llm_marl.learners.anchor_compat` says how each is honoured).
 - :mod:`llm_marl.comlrl.utils.reward_processor`: ``RewardProcessors.scale`` / ``.shift``.
 
-Not here: ``comlrl.trainers.actor_critic`` (IAC/MAAC; llm_marl's actor-critic learners are a
-separate piece of work), the preference trainers, and CoMLRL's internal helpers.
+- :mod:`llm_marl.comlrl.trainers.actor_critic` (and ``iac``, ``maac``): ``IACConfig`` /
+  ``IACTrainer`` and ``MAACConfig`` / ``MAACTrainer``, adapted the same way.
+
+Not here: the preference trainers and CoMLRL's internal helpers.
 
 The classes are thin adapters over :mod:`llm_marl.learners`; the behaviour that deliberately
 differs from CoMLRL (every answer token scored, ``discount`` honoured, ``joint_mode="crossed"``

@@ -1,5 +1,7 @@
-"""CoMLRL's ``comlrl.trainers``: the REINFORCE family (see :mod:`llm_marl.comlrl`)."""
+"""CoMLRL's ``comlrl.trainers``: the REINFORCE family and the actor-critic learners (see
+:mod:`llm_marl.comlrl`)."""
 
+from llm_marl.comlrl.trainers.actor_critic import ActorCriticTrainerBase, IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from llm_marl.comlrl.trainers.reinforce import (
     MAGRPOConfig,
     MAGRPOTrainer,
@@ -12,6 +14,11 @@ from llm_marl.comlrl.trainers.reinforce import (
 )
 
 __all__ = [
+    "ActorCriticTrainerBase",
+    "IACConfig",
+    "IACTrainer",
+    "MAACConfig",
+    "MAACTrainer",
     "MAGRPOConfig",
     "MAGRPOTrainer",
     "MAREINFORCEConfig",

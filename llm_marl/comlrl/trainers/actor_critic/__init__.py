@@ -1,0 +1,9 @@
+"""CoMLRL's ``comlrl.trainers.actor_critic``: IAC and MAAC configs and trainers (see
+:mod:`llm_marl.comlrl`; the semantics and the anchor's quirks fixed on purpose are in the
+README's *Actor-critic learners*)."""
+
+from llm_marl.comlrl.trainers.actor_critic.iac import IACConfig, IACTrainer
+from llm_marl.comlrl.trainers.actor_critic.maac import MAACConfig, MAACTrainer
+from llm_marl.learners.actor_critic import ActorCriticTrainerBase
+
+__all__ = ["ActorCriticTrainerBase", "IACConfig", "IACTrainer", "MAACConfig", "MAACTrainer"]

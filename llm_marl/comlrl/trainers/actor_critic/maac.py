@@ -1,0 +1,30 @@
+"""CoMLRL's ``comlrl.trainers.actor_critic.maac``: MAAC (one central critic for the team), on :mod:`llm_marl.learners`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llm_marl.learners import actor_critic as _actor_critic
+from llm_marl.learners import actor_critic_config as _config
+from llm_marl.learners.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
+
+
+@dataclass
+class MAACConfig(_config.MAACConfig):
+    """:class:`llm_marl.learners.actor_critic_config.MAACConfig` with CoMLRL's optimizer default."""
+
+    weight_decay: float = ADAMW_DEFAULT_WEIGHT_DECAY
+    """AdamW weight decay of actors and critics; CoMLRL's optimizers are torch AdamW with its default (0.01)."""
+
+    def __post_init__(self) -> None:
+        normalize_comlrl_fields(self)
+        super().__post_init__()
+
+
+class MAACTrainer(CoMLRLTrain, _actor_critic.MAACTrainer):
+    """:class:`llm_marl.learners.actor_critic.MAACTrainer` with CoMLRL's ``train()`` signature."""
+
+    config_class = MAACConfig
+
+
+__all__ = ["MAACConfig", "MAACTrainer"]
