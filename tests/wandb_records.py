@@ -14,6 +14,7 @@ import glob
 import json
 import os
 import struct
+import time
 import zlib
 from typing import Any, Iterator
 
@@ -49,11 +50,30 @@ def records(path: str) -> Iterator[Any]:
             pending = b""
 
 
+def complete_records(path: str, timeout: float = 60.0) -> list[Any]:
+    """The records of a finished run: wandb 0.31's ``run.finish()`` (and a process's exit) can
+    return before its service has flushed the log, so wait until the run's final ``exit`` record
+    is on disk (a partly written chunk reads as incomplete until then)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            found = list(records(path))
+        except (AssertionError, struct.error, ValueError):
+            found = []
+            if time.monotonic() > deadline:
+                raise
+        if any(record.WhichOneof("record_type") == "exit" for record in found):
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{path}: no exit record after {timeout:.0f} s ({len(found)} records)")
+        time.sleep(0.2)
+
+
 def offline_run(wandb_dir: str) -> dict[str, Any]:
     """The one offline run under ``wandb_dir``: its settings, config and logged history."""
     [path] = glob.glob(os.path.join(wandb_dir, "wandb", "offline-run-*", "run-*.wandb"))
     run: dict[str, Any] = {"path": path, "config": {}, "history": []}
-    for record in records(path):
+    for record in complete_records(path):
         kind = record.WhichOneof("record_type")
         if kind == "run":
             r = record.run
