@@ -16,6 +16,7 @@ override it. Examples::
     llm-marl eval --env WritingCollab-v0 --model runs/x/final/agent_0
     llm-marl list
     llm-marl plot runs/x                                   # PNG curves from the TensorBoard logs
+    llm-marl view runs/x                                   # the recorded rollout trees as one HTML page
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ DEFAULT_RUN: dict[str, Any] = {
     "eval_num_samples": 32,
     "eval_batch_size": 32,
     "logging_steps": 1,
+    "rollout_log_steps": 1,
     "max_grad_norm": 1.0,
     "train_items": 64,
 }
@@ -247,6 +249,8 @@ def cmd_train(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     summary = train_and_summarize(build_trainer(options), options, resume)
     if summary is not None:
         print(format_summary(summary))
+        if os.path.isdir(os.path.join(options["output_dir"], "rollouts")):
+            print(f"llm-marl: rollout trees recorded; see them with: llm-marl view {options['output_dir']}")
     return 0
 
 
@@ -335,6 +339,19 @@ def cmd_plot(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
+def cmd_view(ns: argparse.Namespace, argv: Sequence[str]) -> int:
+    from llm_marl import viewer
+
+    if not os.path.isdir(ns.run_dir):
+        raise SystemExit(f"llm-marl view: run directory {ns.run_dir!r} does not exist")
+    if ns.serve:
+        viewer.serve(ns.run_dir, ns.port)
+        return 0
+    path = viewer.write_page(ns.run_dir, ns.out)
+    print(f"llm-marl view: wrote {path} (open it in a browser; it needs no network)")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(prog="llm-marl", description=__doc__.split("\n\n")[0])
     commands = root.add_subparsers(dest="command", required=True)
@@ -366,6 +383,13 @@ def parser() -> argparse.ArgumentParser:
     plot.add_argument("run_dir")
     plot.add_argument("--out", help="output folder (default RUN_DIR/plots)")
     plot.set_defaults(func=cmd_plot)
+
+    view = commands.add_parser("view", help="write (or --serve) an HTML viewer of a run's recorded rollout trees")
+    view.add_argument("run_dir")
+    view.add_argument("--out", help="output file (default RUN_DIR/viewer.html)")
+    view.add_argument("--serve", action="store_true", help="serve the viewer on 127.0.0.1 instead of writing a file")
+    view.add_argument("--port", type=int, default=8765, help="port for --serve (0: any free port)")
+    view.set_defaults(func=cmd_view)
     return root
 
 

@@ -118,6 +118,8 @@ class MAGRPOConfig:
     """Show a tqdm progress bar during training."""
     report_to: Sequence[str] | str | None = None
     """Extra metric destinations: "wandb" also sends every logged metric to a W&B run (learners/logging.py)."""
+    rollout_log_steps: int = 10
+    """Record the trees of the first batch and every this many batches to output_dir/rollouts; 0: off."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -156,6 +158,7 @@ class MAGRPOConfig:
         _at_least(self, "eval_batch_size", 1)
         _at_least(self, "save_steps", 0)
         _at_least(self, "items_per_step", 1)
+        _at_least(self, "rollout_log_steps", 0)
         if self.generation_batch_size is not None:
             _at_least(self, "generation_batch_size", 1)
         if self.max_steps is not None:

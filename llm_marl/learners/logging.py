@@ -91,6 +91,11 @@ class RunLogger:
         with open(os.path.join(self.output_dir, "metrics.jsonl"), "a") as f:
             f.write(json.dumps({"step": step, **clean}) + "\n")
 
+    def log_text(self, tag: str, text: str, step: int) -> None:
+        """A markdown text summary in TensorBoard's text tab (nothing without an output_dir)."""
+        if self._writer is not None:
+            self._writer.add_text(tag, text, step)
+
     def flush(self) -> None:
         if self._writer is not None:
             self._writer.flush()

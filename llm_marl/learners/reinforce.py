@@ -43,6 +43,7 @@ from llm_marl.learners.checks import check_horizon, check_policies, env_horizon
 from llm_marl.learners.distributed import DistributedContext
 from llm_marl.learners.config import MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig
 from llm_marl.learners.logging import RunLogger, open_wandb, wants_wandb
+from llm_marl.learners.recording import RolloutRecorder
 from llm_marl.learners.tree import RolloutNode, collect_trees, derive_seed, grow_trees, iter_nodes
 from llm_marl.policies.base import Completion, Policy, token_log_probs_of
 from llm_marl.tasks.base import TaskError
@@ -191,6 +192,7 @@ class MAGRPOTrainer:
         if self.dist.is_main and (wandb_config is not None or wants_wandb(self.args.report_to)):
             self.wandb = open_wandb(wandb_config, {**self.args.to_dict(), **run_config}, self.args.output_dir)
         self.logger = RunLogger(None, mirrors=self._mirrors())
+        self.recorder = RolloutRecorder.from_args(self.args, self.agents, enabled=self.dist.is_main)
         self._pending: dict[str, list[float]] = {}
 
     # --- public API ---------------------------------------------------------------------------
@@ -210,6 +212,7 @@ class MAGRPOTrainer:
         if resume_from_checkpoint:
             path = checkpoint.resolve(resume_from_checkpoint, args.output_dir)
             checkpoint.load(self, path)
+            self.recorder.purge(self.state.batch_step)
         for agent in self.agents:
             self.dist.broadcast_parameters(self.trainable[agent])
         self.logger = RunLogger(
@@ -291,6 +294,7 @@ class MAGRPOTrainer:
         for root in failed:
             print(f"[llm_marl] skipped eval item {root.index}: {root.error}")
         roots = [root for root in roots if root.error is None]
+        self.recorder.evaluation(self.state.batch_step, roots, self.logger)
         metrics = episode_metrics(roots, args.num_turns, prefix="eval")
         if skip:
             metrics["eval/skipped_items"] = float(len(failed))
@@ -340,6 +344,7 @@ class MAGRPOTrainer:
         except FloatingPointError as exc:
             self._in_training(exc, "a return")
             raise
+        self.recorder.train_batch(self.state.batch_step, roots, samples, self.logger)
         num_agents = len(self.agents)
         for start in range(0, len(samples), num_agents):
             for sample in samples[start : start + num_agents]:
