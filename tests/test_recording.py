@@ -8,6 +8,7 @@ baseline and after normalization equal the samples the optimizer saw.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 
@@ -56,11 +57,20 @@ def spy(trainer):
     return seen
 
 
+def without_token_ids(root):
+    """A copy of the tree whose completions carry no token ids (the record keeps their count)."""
+    copy = dataclasses.replace(root, completions={a: [dataclasses.replace(c, token_ids=None) for c in cs] for a, cs in root.completions.items()})
+    copy.children = [None if child is None else without_token_ids(child) for child in root.children]
+    return copy
+
+
 def assert_matches(record, root, samples, agents, args):
     """Every recorded field against the in-memory tree and its training samples (None: eval)."""
     assert record["schema"] == "llm_marl.rollout_tree" and record["version"] == 1
-    assert record["item"] == root.index and record["agents"] == agents
-    assert tree_from_record(record) == root  # observations, completions, joint, rewards, returns, details, children, seeds
+    assert record["item"] == root.index and record["agents"] == agents and record["num_nodes"] == len(record["nodes"])
+    assert record["reward_mean"] == sum(root.rewards) / len(root.rewards)
+    assert list(record)[:7] == ["schema", "version", "kind", "step", "item", "num_nodes", "reward_mean"]
+    assert tree_from_record(record) == without_token_ids(root)  # every RolloutNode field, children included
     nodes = list(root.nodes())
     assert [n["id"] for n in record["nodes"]] == list(range(len(nodes)))
     by_node = {}
@@ -177,7 +187,7 @@ def test_recorded_lm_trees_with_reference_kl(tmp_path, tiny_dir):
     assert check_run(trainer, seen) == 2
     record = read_trees(os.path.join(tmp_path, "run", "rollouts", "step-000000.jsonl"))[0]
     answer = record["nodes"][0]["agents"]["left"]
-    assert all(c["tokens"] == len(c["token_ids"]) >= 1 for c in answer["completions"])
+    assert all(c["tokens"] >= 1 and "token_ids" not in c for c in answer["completions"])
     assert answer["kl"] is not None and len(answer["kl"]) == 3
     kl = lambda r: [v for n in r["nodes"] for d in n["agents"].values() for v in d["kl"]]  # noqa: E731
     assert set(kl(record)) == {0.0}  # batch 0: the policy is its reference

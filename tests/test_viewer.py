@@ -8,6 +8,8 @@ skipped, saying why, only where no Chromium is installed.
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
 import os
 import re
@@ -57,7 +59,12 @@ def test_view_writes_one_self_contained_file(run_dir, capsys):
     page = (run_dir / "viewer.html").read_text()
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//|@import|url\(\s*["']?https?:""", page)  # nothing fetched
     assert page.count("<script") == 2 + len(rollout_files(run_dir))  # index + code + one inert block per step
-    assert "</script><b>" not in page and "\\u003c/script>\\u003cb>" in page  # prompt text cannot close a script
+    assert "</script><b>" not in page  # prompt text cannot close a script: each step is packed
+    packed = re.findall(r'<script type="application/octet-stream" data-encoding="gzip\+base64" id="rollouts-(\d+)">([^<]*)</script>', page)
+    files = [path for _, _, path in rollout_files(run_dir)]
+    assert [int(n) for n, _ in packed] == [1, 0, 2, 3, 4]  # the step shown first (train batch 0) comes first
+    for (_, data), path in zip(sorted(packed, key=lambda p: int(p[0])), files, strict=True):
+        assert gzip.decompress(base64.b64decode(data)).decode() == open(path).read().rstrip("\n")
     index = json.loads(re.search(r'id="llm-marl-index">(.*?)</script>', page, re.S).group(1))
     assert [(e["kind"], e["step"]) for e in index["entries"]] == [
         ("eval", 0), ("train", 0), ("train", 1), ("eval", 2), ("train", 2)]
@@ -78,7 +85,7 @@ def test_served_page_and_files(run_dir):
     base = f"http://127.0.0.1:{server.server_address[1]}"
     try:
         page = urllib.request.urlopen(base + "/").read().decode()
-        assert 'type="application/x-ndjson"' not in page and '"chunk": null' in page  # trees are fetched per step
+        assert 'data-encoding="gzip+base64"' not in page and '"chunk": null' in page  # trees are fetched per step
         served = urllib.request.urlopen(base + "/rollouts/step-000001.jsonl").read().decode()
         assert served == (run_dir / "rollouts" / "step-000001.jsonl").read_text()
         for path in ("/rollouts/../metrics.jsonl", "/rollouts/%2e%2e/summary.json", "/metrics.jsonl", "/rollouts/x.jsonl"):

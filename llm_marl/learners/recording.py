@@ -13,6 +13,7 @@ Schema (``version`` 1) of one line::
 
     {"schema": "llm_marl.rollout_tree", "version": 1,
      "kind": "train" | "eval", "step": batch, "item": dataset index,
+     "num_nodes": len(nodes), "reward_mean": mean reward of the root's joint actions,
      "agents": [agent, ...],                   # agent order of the joint-action tuples
      "settings": {"num_turns", "joint_mode", "cross_aggregation", "advantage_mode",
                   "advantage_normalization", "early_termination_threshold", "discount",
@@ -27,7 +28,7 @@ Schema (``version`` 1) of one line::
             "rewards": [r_j], "returns": [G_j], "details": [reward details_j],
             "children": [child id or null per j],        # null: branch not expanded
             "agents": {agent: {
-                "completions": [{"text", "tokens" (count or null), "token_ids" (or null),
+                "completions": [{"text", "tokens" (token count, or null without token ids),
                                  "action" (menu index or null)}, ...],   # the K answers
                 "returns": per-answer returns (SPEC.md §3.7),
                 "kl": per-answer reference KL or null,
@@ -37,9 +38,12 @@ Schema (``version`` 1) of one line::
 
 ``status``: "expanded" — at least one joint action has a child; "early_terminated" — its mean
 reward was above ``early_termination_threshold``; "last_turn" — the horizon; "ended" — the env
-ended every branch. Values that JSON cannot hold (numpy numbers and arrays) are stored as numbers
-and lists, anything else as its ``repr``. :func:`read_trees` reads a file back and
-:func:`tree_from_record` rebuilds the :class:`~llm_marl.learners.tree.RolloutNode`.
+ended every branch. Numpy numbers and arrays are stored as numbers and lists; NaN, infinities
+and other values JSON cannot hold as their ``repr``. Token ids are not stored (their count is):
+they would double the files. :func:`read_trees` reads a file back and :func:`tree_from_record`
+rebuilds the :class:`~llm_marl.learners.tree.RolloutNode` (its completions without token ids).
+Every line starts with the keys up to ``reward_mean``, in this order, so that a viewer can list
+a file's trees without parsing each line whole.
 """
 
 from __future__ import annotations
@@ -97,12 +101,7 @@ def _plain(value: Any) -> Any:
 
 def _completion(completion: Completion) -> dict[str, Any]:
     ids = completion.token_ids
-    return {
-        "text": completion.text,
-        "tokens": None if ids is None else len(ids),
-        "token_ids": None if ids is None else list(ids),
-        "action": completion.action,
-    }
+    return {"text": completion.text, "tokens": None if ids is None else len(ids), "action": completion.action}
 
 
 def tree_record(
@@ -171,6 +170,8 @@ def tree_record(
         "kind": kind,
         "step": step,
         "item": root.index,
+        "num_nodes": len(records),
+        "reward_mean": sum(root.rewards) / len(root.rewards) if root.rewards else None,
         "agents": list(agents),
         "settings": dict(settings),
         "cross_aggregation": root.cross_aggregation,
@@ -200,9 +201,7 @@ def tree_from_record(record: Mapping[str, Any]) -> RolloutNode:
                 observations=dict(node["observations"]),
                 completions={
                     agent: [
-                        Completion(
-                            c["text"], None if c["token_ids"] is None else tuple(c["token_ids"]), c["action"]
-                        )
+                        Completion(c["text"], None, c["action"])
                         for c in node["agents"][agent]["completions"]
                     ]
                     for agent in agents

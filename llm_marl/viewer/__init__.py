@@ -9,8 +9,8 @@ after the baseline and after normalization (rows coloured by advantage), and the
 actions with rewards, returns and reward details. A panel draws every curve of
 ``metrics.jsonl`` with the current step marked.
 
-Large runs stay fast: each step's trees sit in their own inert ``<script type="application/x-ndjson">``
-block that is split into lines only when that step is opened, and only the chosen tree's line is
+Large runs stay fast: each step's trees sit in their own inert block (gzipped, base64) that is
+inflated and split into lines only when that step is opened, and only the chosen tree's line is
 parsed. :func:`serve` (``llm-marl view RUN_DIR --serve``) serves the page on 127.0.0.1 without
 the trees inside it: the page fetches one step's file from ``rollouts/`` when it is opened, and
 reloading the page picks up steps recorded since.

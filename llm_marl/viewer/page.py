@@ -2,15 +2,21 @@
 
 The page's markup, styles and script are the package data file ``page.html`` (plain JavaScript
 and SVG, no build step); this module fills in the run's index (steps, items, metrics) and, unless
-served, one inert ``<script type="application/x-ndjson">`` block per step holding that step's
-JSON Lines.
+served, one inert ``<script type="application/octet-stream">`` block per step holding that
+step's JSON Lines gzipped and base64-encoded (a step is inflated with the browser's own
+``DecompressionStream`` when it is opened). The block of the step shown first sits before the
+script and the others after it, so the first tree is drawn while the browser is still reading
+the rest of a large page.
 """
 
 from __future__ import annotations
 
+import base64
+import gzip
 import html
 import json
 import os
+import re
 from importlib import resources
 from typing import Any
 
@@ -49,8 +55,16 @@ def read_metrics(run_dir: str) -> dict[str, list[list[float]]]:
     return curves
 
 
+SUMMARY = re.compile(r'^\{"schema": "llm_marl.rollout_tree", "version": \d+, "kind": "\w+", "step": \d+, '
+                     r'"item": (-?\d+), "num_nodes": (\d+), "reward_mean": ([^,]+),')
+
+
 def _summary(line: str, where: str) -> list[Any]:
-    """[item, node count, mean root reward] of one recorded tree's line (for the item list)."""
+    """[item, node count, mean root reward] of one recorded tree's line, read from the line's
+    first keys (recording.py writes them first) or, failing that, from the parsed line."""
+    match = SUMMARY.match(line)
+    if match:
+        return [int(match.group(1)), int(match.group(2)), json.loads(match.group(3))]
     try:
         record = json.loads(line)
         rewards = record["nodes"][0]["rewards"]
@@ -59,26 +73,55 @@ def _summary(line: str, where: str) -> list[Any]:
         raise ValueError(f"{where}: not a recorded rollout tree ({type(exc).__name__}: {exc})") from None
 
 
+_SUMMARIES: dict[str, tuple[tuple[int, int], list[list[Any]]]] = {}
+
+
+def file_summaries(path: str) -> list[list[Any]]:
+    """The summaries of a rollout file's trees, cached while the file's size and mtime stay the
+    same (the server rebuilds the page on every request; a file of a running run only grows)."""
+    stat = os.stat(path)
+    key = (stat.st_size, stat.st_mtime_ns)
+    cached = _SUMMARIES.get(path)
+    if cached is None or cached[0] != key:
+        with open(path, encoding="utf-8") as f:
+            lines = [line for line in f.read().split("\n") if line.strip()]
+        cached = _SUMMARIES[path] = (key, [_summary(line, f"{path}, line {i + 1}") for i, line in enumerate(lines)])
+    return cached[1]
+
+
+def _packed(lines: list[str]) -> str:
+    """A step's JSON Lines, gzipped and base64-encoded (the page inflates one step when opened)."""
+    return base64.b64encode(gzip.compress("\n".join(lines).encode("utf-8"), compresslevel=6, mtime=0)).decode("ascii")
+
+
 def build_page(run_dir: str, *, embed: bool = True) -> str:
     """The viewer page of ``run_dir``; ``embed=False`` leaves the trees out (served mode)."""
     if not os.path.isdir(run_dir):
         raise FileNotFoundError(f"run directory {run_dir!r} does not exist")
     entries, chunks = [], []
     for n, (kind, step, path) in enumerate(rollout_files(run_dir)):
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-        lines = [line for line in text.split("\n") if line.strip()]
-        trees = [_summary(line, f"{path}, line {i + 1}") for i, line in enumerate(lines)]
-        entry = {"kind": kind, "step": step, "file": os.path.basename(path), "trees": trees, "chunk": None}
+        entry = {"kind": kind, "step": step, "file": os.path.basename(path), "trees": None, "chunk": None}
         if embed:
+            with open(path, encoding="utf-8") as f:
+                lines = [line for line in f.read().split("\n") if line.strip()]
+            entry["trees"] = [_summary(line, f"{path}, line {i + 1}") for i, line in enumerate(lines)]
             entry["chunk"] = f"rollouts-{n}"
-            chunks.append(f'<script type="application/x-ndjson" id="rollouts-{n}">\n{_script_safe(chr(10).join(lines))}\n</script>')
+            chunks.append(f'<script type="application/octet-stream" data-encoding="gzip+base64" id="rollouts-{n}">{_packed(lines)}</script>')
+        else:
+            entry["trees"] = file_summaries(path)
         entries.append(entry)
     name = os.path.basename(os.path.normpath(os.path.abspath(run_dir)))
     index = {"version": 1, "run": name, "entries": entries, "metrics": read_metrics(run_dir)}
+    first = next((n for n, entry in enumerate(entries) if entry["kind"] == "train"), 0)
+    if chunks:
+        entries[first]["early"] = True  # its block precedes the script: usable before the page is read whole
     head, rest = _template().split("__INDEX__", 1)
+    before, rest = rest.split("__FIRST__", 1)
     middle, tail = rest.split("__CHUNKS__", 1)
-    return head.replace("__TITLE__", html.escape(name)) + _script_safe(json.dumps(index)) + middle + "\n".join(chunks) + tail
+    return "".join([
+        head.replace("__TITLE__", html.escape(name)), _script_safe(json.dumps(index)), before,
+        chunks[first] if chunks else "", middle, "\n".join(c for n, c in enumerate(chunks) if n != first), tail,
+    ])
 
 
 def write_page(run_dir: str, out: str | None = None) -> str:

@@ -50,6 +50,7 @@ def make_server(run_dir: str, port: int = 8765) -> http.server.ThreadingHTTPServ
     if not os.path.isdir(run_dir):
         raise FileNotFoundError(f"run directory {run_dir!r} does not exist")
     handler = type("ViewerHandler", (_Handler,), {"run_dir": os.path.abspath(run_dir)})
+    build_page(run_dir, embed=False)  # reads every file's tree summaries once; later requests reuse them
     return http.server.ThreadingHTTPServer(("127.0.0.1", port), handler)
 
 
