@@ -207,3 +207,20 @@ def test_a_broken_page_is_caught(tmp_path):
 def test_build_page_without_recordings(tmp_path):
     page = build_page(str(tmp_path))
     assert '"entries": []' in page
+
+
+def test_item_list_from_lines_in_any_key_order(run_dir, tmp_path):
+    """The item list is read from each line's leading keys; a line written with other key order
+    (by hand, by another tool) is parsed whole and gives the same summary."""
+    (tmp_path / "rollouts").mkdir()
+    source = (run_dir / "rollouts" / "step-000000.jsonl").read_text().splitlines()
+    record = json.loads(source[0])
+    (tmp_path / "rollouts" / "step-000000.jsonl").write_text(json.dumps(record, sort_keys=True) + "\n")
+    page = build_page(str(tmp_path))
+    index = json.loads(re.search(r'id="llm-marl-index">(.*?)</script>', page, re.S).group(1))
+    expected = [record["item"], len(record["nodes"]), sum(record["nodes"][0]["rewards"]) / len(record["nodes"][0]["rewards"])]
+    assert index["entries"][0]["trees"] == [pytest.approx(expected)]
+    assert build_page(str(run_dir)).count(f'[{record["item"]}, {len(record["nodes"])}, ') >= 1
+    (tmp_path / "rollouts" / "step-000000.jsonl").write_text('{"item": 1}\n')
+    with pytest.raises(ValueError, match=r"step-000000.jsonl, line 1: not a recorded rollout tree"):
+        build_page(str(tmp_path))
