@@ -59,12 +59,16 @@ def test_view_writes_one_self_contained_file(run_dir, capsys):
     page = (run_dir / "viewer.html").read_text()
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//|@import|url\(\s*["']?https?:""", page)  # nothing fetched
     assert page.count("<script") == 2 + len(rollout_files(run_dir))  # index + code + one inert block per step
-    assert "</script><b>" not in page  # prompt text cannot close a script: each step is packed
-    packed = re.findall(r'<script type="application/octet-stream" data-encoding="gzip\+base64" id="rollouts-(\d+)">([^<]*)</script>', page)
+    assert "</script><b>" not in page and "\\u003c/script>\\u003cb>" in page  # prompt text cannot close a script
     files = [path for _, _, path in rollout_files(run_dir)]
-    assert [int(n) for n, _ in packed] == [1, 0, 2, 3, 4]  # the step shown first (train batch 0) comes first
-    for (_, data), path in zip(sorted(packed, key=lambda p: int(p[0])), files, strict=True):
-        assert gzip.decompress(base64.b64decode(data)).decode() == open(path).read().rstrip("\n")
+    # the step shown first (train batch 0, file 1) as plain text before the code, the others packed after it
+    plain = re.findall(r'<script type="application/x-ndjson" id="rollouts-(\d+)">\n(.*?)\n</script>', page, re.S)
+    assert [n for n, _ in plain] == ["1"] and page.index('id="rollouts-1"') < page.index('"use strict"')
+    assert json.loads(plain[0][1].split("\n")[0]) == read_trees(files[1])[0]
+    packed = re.findall(r'<script type="application/octet-stream" data-encoding="gzip\+base64" id="rollouts-(\d+)">([^<]*)</script>', page)
+    assert [int(n) for n, _ in packed] == [0, 2, 3, 4] and page.index('id="rollouts-0"') > page.index('"use strict"')
+    for (n, data) in packed:
+        assert gzip.decompress(base64.b64decode(data)).decode() == open(files[int(n)]).read().rstrip("\n")
     index = json.loads(re.search(r'id="llm-marl-index">(.*?)</script>', page, re.S).group(1))
     assert [(e["kind"], e["step"]) for e in index["entries"]] == [
         ("eval", 0), ("train", 0), ("train", 1), ("eval", 2), ("train", 2)]

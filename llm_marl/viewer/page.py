@@ -4,9 +4,9 @@ The page's markup, styles and script are the package data file ``page.html`` (pl
 and SVG, no build step); this module fills in the run's index (steps, items, metrics) and, unless
 served, one inert ``<script type="application/octet-stream">`` block per step holding that
 step's JSON Lines gzipped and base64-encoded (a step is inflated with the browser's own
-``DecompressionStream`` when it is opened). The block of the step shown first sits before the
-script and the others after it, so the first tree is drawn while the browser is still reading
-the rest of a large page.
+``DecompressionStream`` when it is opened). The step shown first is stored as plain text before
+the script and the others after it, so the first tree is drawn while the browser is still
+reading the rest of a large page; choosing another step before that waits for it.
 """
 
 from __future__ import annotations
@@ -98,23 +98,27 @@ def build_page(run_dir: str, *, embed: bool = True) -> str:
     """The viewer page of ``run_dir``; ``embed=False`` leaves the trees out (served mode)."""
     if not os.path.isdir(run_dir):
         raise FileNotFoundError(f"run directory {run_dir!r} does not exist")
+    files = rollout_files(run_dir)
+    first = next((n for n, (kind, _, _) in enumerate(files) if kind == "train"), 0)  # the step shown on opening
     entries, chunks = [], []
-    for n, (kind, step, path) in enumerate(rollout_files(run_dir)):
+    for n, (kind, step, path) in enumerate(files):
         entry = {"kind": kind, "step": step, "file": os.path.basename(path), "trees": None, "chunk": None}
         if embed:
             with open(path, encoding="utf-8") as f:
                 lines = [line for line in f.read().split("\n") if line.strip()]
             entry["trees"] = [_summary(line, f"{path}, line {i + 1}") for i, line in enumerate(lines)]
             entry["chunk"] = f"rollouts-{n}"
-            chunks.append(f'<script type="application/octet-stream" data-encoding="gzip+base64" id="rollouts-{n}">{_packed(lines)}</script>')
+            if n == first:  # plain text before the script: drawn while the browser still reads the rest
+                entry["encoding"] = "plain"
+                chunks.append(f'<script type="application/x-ndjson" id="rollouts-{n}">\n{_script_safe(chr(10).join(lines))}\n</script>')
+            else:
+                entry["encoding"] = "gzip+base64"
+                chunks.append(f'<script type="application/octet-stream" data-encoding="gzip+base64" id="rollouts-{n}">{_packed(lines)}</script>')
         else:
             entry["trees"] = file_summaries(path)
         entries.append(entry)
     name = os.path.basename(os.path.normpath(os.path.abspath(run_dir)))
     index = {"version": 1, "run": name, "entries": entries, "metrics": read_metrics(run_dir)}
-    first = next((n for n, entry in enumerate(entries) if entry["kind"] == "train"), 0)
-    if chunks:
-        entries[first]["early"] = True  # its block precedes the script: usable before the page is read whole
     head, rest = _template().split("__INDEX__", 1)
     before, rest = rest.split("__FIRST__", 1)
     middle, tail = rest.split("__CHUNKS__", 1)
