@@ -116,7 +116,7 @@ def measure(browser: Chromium, url: str, steps: int, switches: int, rng: random.
         times.append(ms)
     if browser.console_errors:
         raise RuntimeError(f"console errors: {browser.console_errors}")
-    return {"first_tree_ms": round(opened_ms, 1), "first_paint_ms": round(painted_ms, 1), "loaded_ms": round(loaded_ms, 1), "open_wall_ms": round(wall_open, 1),
+    return {"first_tree_ms": round(opened_ms, 1), "first_paint_ms": None if painted_ms is None else round(painted_ms, 1), "loaded_ms": round(loaded_ms, 1), "open_wall_ms": round(wall_open, 1),
             "switch_median_ms": round(statistics.median(times), 1), "switch_max_ms": round(max(times), 1)}
 
 
@@ -126,19 +126,24 @@ def main() -> None:
     parser.add_argument("--trees", type=int, default=50, help="trees per step")
     parser.add_argument("--switches", type=int, default=20)
     parser.add_argument("--run-dir", help="where to record (default: a temporary folder)")
+    parser.add_argument("--reuse", action="store_true", help="measure the trees already recorded in --run-dir")
     ns = parser.parse_args()
     if find_chromium() is None:
         raise SystemExit("no Chromium: install the Debian package `chromium`")
     run_dir = ns.run_dir or tempfile.mkdtemp(prefix="llm-marl-viewer-bench-")
     os.makedirs(run_dir, exist_ok=True)
     started = time.perf_counter()
-    count = record_run(run_dir, ns.steps, ns.trees)
+    if ns.reuse:
+        ns.steps = len(os.listdir(os.path.join(run_dir, "rollouts")))
+        count = sum(1 for name in os.listdir(os.path.join(run_dir, "rollouts")) for _ in open(os.path.join(run_dir, "rollouts", name)))
+    else:
+        count = record_run(run_dir, ns.steps, ns.trees)
     recorded_s = time.perf_counter() - started
     started = time.perf_counter()
     page = write_page(run_dir)
     written_s = time.perf_counter() - started
     rollouts = sum(os.path.getsize(os.path.join(run_dir, "rollouts", f)) for f in os.listdir(os.path.join(run_dir, "rollouts")))
-    print(f"{count} trees in {ns.steps} steps: recorded in {recorded_s:.1f} s ({rollouts / 1e6:.1f} MB of JSON Lines); "
+    print(f"{count} trees in {ns.steps} steps: {'reused' if ns.reuse else 'recorded'} in {recorded_s:.1f} s ({rollouts / 1e6:.1f} MB of JSON Lines); "
           f"page written in {written_s:.1f} s ({os.path.getsize(page) / 1e6:.1f} MB)")
     rng = random.Random(1)
     with Chromium() as browser:
