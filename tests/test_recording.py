@@ -22,6 +22,7 @@ from llm_marl.learners.recording import (
     node_status,
     read_trees,
     rollout_files,
+    samples_by_node,
     tree_from_record,
 )
 from llm_marl.learners.tree import iter_nodes
@@ -118,8 +119,6 @@ def check_run(trainer, seen, kind="train"):
         assert [r["step"] for r in records] == [step] * len(roots) and {r["kind"] for r in records} == {kind}
         by_node = None
         if kind == "train":
-            from llm_marl.learners.recording import samples_by_node
-
             by_node = samples_by_node(roots, entry[2], len(trainer.agents))
         for record, root in zip(records, roots, strict=True):
             assert_matches(record, root, by_node, trainer.agents, trainer.args)

@@ -228,3 +228,16 @@ def test_item_list_from_lines_in_any_key_order(run_dir, tmp_path):
     (tmp_path / "rollouts" / "step-000000.jsonl").write_text('{"item": 1}\n')
     with pytest.raises(ValueError, match=r"step-000000.jsonl, line 1: not a recorded rollout tree"):
         build_page(str(tmp_path))
+
+
+def test_browser_failures_are_named(monkeypatch):
+    from llm_marl.viewer.chromium import BrowserError
+
+    monkeypatch.setenv("LLM_MARL_CHROMIUM", "/bin/false")  # a "browser" that exits at once
+    with pytest.raises(BrowserError, match="Target.createTarget: Chromium closed its DevTools pipe; Chromium's stderr"):
+        Chromium(timeout=20)
+    monkeypatch.delenv("LLM_MARL_CHROMIUM")
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert find_chromium() is None
+    with pytest.raises(BrowserError, match="no Chromium found"):
+        Chromium()

@@ -74,26 +74,26 @@ class Chromium:
         self._lock = threading.Lock()
         commands_read, self._commands = os.pipe()
         self._replies_fd, replies_write = os.pipe()
-
-        def attach_pipes() -> None:  # in the child, before exec: its fds 3 and 4 become the pipes
-            high_read = fcntl.fcntl(commands_read, fcntl.F_DUPFD, 10)
-            high_write = fcntl.fcntl(replies_write, fcntl.F_DUPFD, 10)
-            os.dup2(high_read, 3)
-            os.dup2(high_write, 4)
-
-        self._stderr = tempfile.TemporaryFile()
+        # the child's ends moved above fd 10, so that bash (dash takes single-digit fds only) places
+        # them at 3 and 4 without a clash, with no code run between fork and exec
+        ends = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 10) for fd in (commands_read, replies_write)]
+        for fd in (commands_read, replies_write):
+            os.close(fd)
+        self._stderr_path = os.path.join(self._profile, "stderr.log")
+        self._stderr = open(self._stderr_path, "wb")
+        script = f'exec "$0" "$@" 3<&{ends[0]} 4>&{ends[1]} {ends[0]}<&- {ends[1]}>&-'
         try:
             self.process = subprocess.Popen(
-                [self.binary, *FLAGS, f"--user-data-dir={self._profile}", f"--window-size={width},{height}", "about:blank"],
+                [shutil.which("bash") or "/bin/bash", "-c", script, self.binary, *FLAGS, f"--user-data-dir={self._profile}",
+                 f"--window-size={width},{height}", "about:blank"],
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 stderr=self._stderr,
-                close_fds=False,
-                preexec_fn=attach_pipes,
+                pass_fds=ends,
             )
         finally:
-            os.close(commands_read)
-            os.close(replies_write)
+            for fd in ends:
+                os.close(fd)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         try:
@@ -102,9 +102,20 @@ class Chromium:
             for domain in ("Page", "Runtime", "Log"):
                 self.call(f"{domain}.enable", session=True)
             self.call("Emulation.setDeviceMetricsOverride", session=True, width=width, height=height, deviceScaleFactor=1, mobile=False)
+        except BrowserError as exc:
+            tail = self._stderr_tail()
+            self.close()
+            raise BrowserError(f"{exc}; Chromium's stderr ends with: {tail}") from None
         except BaseException:
             self.close()
             raise
+
+    def _stderr_tail(self, limit: int = 800) -> str:
+        try:
+            with open(self._stderr_path, "rb") as f:
+                return f.read()[-limit:].decode(errors="replace").strip() or "(nothing)"
+        except OSError:
+            return "(unreadable)"
 
     # --- the protocol ---------------------------------------------------------------------------
 
