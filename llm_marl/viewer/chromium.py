@@ -160,7 +160,11 @@ class Chromium:
         message = {"id": ident, "method": method, "params": params}
         if session:
             message["sessionId"] = self._session
-        os.write(self._commands, json.dumps(message).encode() + b"\0")
+        try:
+            os.write(self._commands, json.dumps(message).encode() + b"\0")
+        except OSError as exc:  # the browser is gone (EPIPE)
+            self._replies.pop(ident, None)
+            raise BrowserError(f"{method}: Chromium closed its DevTools pipe ({exc.strerror})") from None
         try:
             reply = self._replies[ident].get(timeout=self.timeout)
         except queue.Empty:
