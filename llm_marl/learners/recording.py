@@ -33,7 +33,8 @@ Schema (``version`` 1) of one line::
                 "returns": per-answer returns (SPEC.md §3.7),
                 "kl": per-answer reference KL or null,
                 "penalized_returns": returns - coef * kl (what the baseline saw) or null,
-                "advantages_baseline": after the baseline, before normalization (null in eval),
+                "advantages_baseline": after the baseline, before normalization (null in eval
+                                       and for learners without a baseline mode),
                 "advantages": as trained on, after normalization (null in eval)}}}
 
 ``status``: "expanded" — at least one joint action has a child; "early_terminated" — its mean
@@ -143,7 +144,7 @@ def tree_record(
                 "kl": kl,
                 "penalized_returns": list(sample.returns) if kl is not None else None,
                 "advantages_baseline": None
-                if sample is None
+                if sample is None or settings.get("advantage_mode") is None
                 else group_advantages(list(sample.returns), settings["advantage_mode"], normalize=False),
                 "advantages": None if sample is None else list(sample.advantages),
             }
@@ -322,16 +323,10 @@ class RolloutRecorder:
     @classmethod
     def from_args(cls, args: Any, agents: Sequence[str], enabled: bool = True) -> "RolloutRecorder":
         """A recorder for a learner config (``output_dir``, ``rollout_log_steps`` and the tree settings)."""
-        settings = {
-            "num_turns": args.num_turns,
-            "joint_mode": args.joint_mode,
-            "cross_aggregation": args.cross_aggregation,
-            "advantage_mode": args.advantage_mode,
-            "advantage_normalization": args.advantage_normalization,
-            "early_termination_threshold": args.early_termination_threshold,
-            "discount": args.discount,
-            "reference_kl_coef": args.reference_kl_coef if args.reference_kl_enabled else None,
-        }
+        names = ("num_turns", "joint_mode", "cross_aggregation", "advantage_mode", "advantage_normalization",
+                 "early_termination_threshold", "discount")
+        settings = {name: getattr(args, name, None) for name in names}  # a learner family may lack some
+        settings["reference_kl_coef"] = args.reference_kl_coef if getattr(args, "reference_kl_enabled", False) else None
         return cls(args.output_dir, getattr(args, "rollout_log_steps", 0), settings, agents, enabled)
 
     @property
