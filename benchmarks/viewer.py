@@ -146,7 +146,7 @@ def main() -> None:
     print(f"{count} trees in {ns.steps} steps: {'reused' if ns.reuse else 'recorded'} in {recorded_s:.1f} s ({rollouts / 1e6:.1f} MB of JSON Lines); "
           f"page written in {written_s:.1f} s ({os.path.getsize(page) / 1e6:.1f} MB)")
     rng = random.Random(1)
-    with Chromium() as browser:
+    with Chromium.start() as browser:
         print("self-contained page:", measure(browser, "file://" + os.path.abspath(page), ns.steps, ns.switches, rng))
         server = make_server(run_dir, port=0)
         threading.Thread(target=server.serve_forever, daemon=True).start()

@@ -143,7 +143,7 @@ def test_page_in_chromium(run_dir, tmp_path):
     page = write_page(str(run_dir), str(tmp_path / "viewer.html"))
     records = read_trees(str(run_dir / "rollouts" / "step-000001.jsonl"))
     record = records[0]
-    with Chromium() as browser:
+    with Chromium.start() as browser:
         browser.open("file://" + page)
         first = browser.evaluate(STATE)
         assert first["step"].startswith("train batch 0")  # opens on the first train step
@@ -180,7 +180,7 @@ def test_served_page_loads_steps_from_the_server(run_dir, tmp_path):
     thread.start()
     record = read_trees(str(run_dir / "rollouts" / "eval-000002.jsonl"))[1]
     try:
-        with Chromium() as browser:
+        with Chromium.start() as browser:
             browser.open(f"http://127.0.0.1:{server.server_address[1]}/")
             browser.evaluate("window.llmMarlViewer.ready.then(() => window.llmMarlViewer.selectStep(3)).then(() => window.llmMarlViewer.selectTree(1))")
             shown = browser.evaluate(STATE)
@@ -202,7 +202,7 @@ def test_a_broken_page_is_caught(tmp_path):
     """The console-error check itself: a page that throws is reported."""
     page = tmp_path / "bad.html"
     page.write_text("<!doctype html><script>null.x</script><p>hi</p>")
-    with Chromium() as browser:
+    with Chromium.start() as browser:
         browser.open(page.as_uri())
         assert browser.evaluate("document.querySelector('p').textContent") == "hi"
         assert len(browser.console_errors) == 1 and "null" in browser.console_errors[0]
@@ -235,7 +235,7 @@ def test_browser_failures_are_named(monkeypatch):
 
     monkeypatch.setenv("LLM_MARL_CHROMIUM", "/bin/false")  # a "browser" that exits at once
     with pytest.raises(BrowserError, match=r"Target.createTarget: Chromium closed its DevTools pipe.*; Chromium.s stderr ends with"):
-        Chromium(timeout=20)
+        Chromium.start(timeout=20)  # both attempts fail, the last error is raised
     monkeypatch.delenv("LLM_MARL_CHROMIUM")
     monkeypatch.setenv("PATH", "/nonexistent")
     assert find_chromium() is None

@@ -110,6 +110,18 @@ class Chromium:
             self.close()
             raise
 
+    @classmethod
+    def start(cls, attempts: int = 2, **settings: Any) -> "Chromium":
+        """A started browser; a start that fails (a browser that exits at once on a loaded machine)
+        is tried again, up to ``attempts`` times, and the last error is raised."""
+        for attempt in range(attempts):
+            try:
+                return cls(**settings)
+            except BrowserError as exc:
+                if attempt == attempts - 1 or str(exc).startswith("no Chromium found"):
+                    raise
+        raise AssertionError("unreachable")
+
     def _stderr_tail(self, limit: int = 800) -> str:
         try:
             with open(self._stderr_path, "rb") as f:
