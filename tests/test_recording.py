@@ -284,3 +284,27 @@ def test_markdown_escapes_table_breakers():
     text = markdown_tree(record)
     assert "| a | x \\| y ⏎ z |" in text and "| 0 | p\\|q | 1.000 | 1.000 |" in text and "| a | p\\|q | 1.000 | 1.000 |" in text
     assert all(line.count(" | ") >= 1 for line in text.splitlines() if line.startswith("| ") and "---" not in line)
+
+
+def test_actor_critic_trees_record_the_critics_view(tmp_path):
+    """IAC shares the loop: its recorded answers carry the critic's advantages as trained on, V
+    and the TD targets, and no baseline-mode advantages (there is none)."""
+    from llm_marl.learners import IACConfig, IACTrainer
+
+    args = IACConfig(num_turns=2, num_generations=2, num_train_epochs=1, agent_learning_rate=0.1, critic_learning_rate=0.1,
+                     eval_interval=0, logging_steps=1, progress_bar=False, early_termination_threshold=None,
+                     output_dir=str(tmp_path / "run"), rollout_log_steps=1, seed=3)
+    trainer = IACTrainer(env=DialogueEnv(ColourMatch(num_items=2, num_turns=2)),
+                         policies=[TabularPolicy(list(MENU)), TabularPolicy(list(MENU))], args=args)
+    seen = spy(trainer)
+    trainer.train()
+    step, roots, samples = seen["train"][0]
+    record = read_trees(str(tmp_path / "run" / "rollouts" / "step-000000.jsonl"))[0]
+    assert tree_from_record(record) == without_token_ids(roots[0])
+    by_node = samples_by_node(roots, samples, 2)
+    for node, saved in zip(roots[0].nodes(), record["nodes"]):
+        for a, agent in enumerate(trainer.agents):
+            data, sample = saved["agents"][agent], by_node[id(node)][a]
+            assert data["advantages"] == sample.advantages and data["advantages_baseline"] is None
+            assert data["critic"]["values"] == sample.values and data["critic"]["targets"] == sample.targets
+    assert record["settings"]["advantage_mode"] is None and record["settings"]["critic_type"] == args.critic_type

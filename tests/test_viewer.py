@@ -241,3 +241,21 @@ def test_browser_failures_are_named(monkeypatch):
     assert find_chromium() is None
     with pytest.raises(BrowserError, match="no Chromium found"):
         Chromium()
+
+
+@needs_chromium
+def test_actor_critic_page_shows_the_critic(tmp_path):
+    from llm_marl.learners import IACConfig, IACTrainer
+
+    args = IACConfig(num_turns=2, num_generations=2, num_train_epochs=1, agent_learning_rate=0.1, critic_learning_rate=0.1,
+                     eval_interval=0, logging_steps=1, progress_bar=False, early_termination_threshold=None,
+                     output_dir=str(tmp_path / "run"), rollout_log_steps=1, seed=3)
+    IACTrainer(env=DialogueEnv(ColourMatch(num_items=1, num_turns=2)),
+               policies=[TabularPolicy(list(MENU)), TabularPolicy(list(MENU))], args=args).train()
+    node = read_trees(str(tmp_path / "run" / "rollouts" / "step-000000.jsonl"))[0]["nodes"][0]
+    with Chromium.start() as browser:
+        browser.open("file://" + write_page(str(tmp_path / "run")))
+        rows = browser.evaluate("window.llmMarlViewer.ready.then(() => Array.from(document.querySelectorAll('#node-panel tr.answer')).map("
+                                "tr => [Number(tr.querySelector('.value').dataset.value), Number(tr.querySelector('.target').dataset.value)]))")
+        assert rows == [[v, t] for a in ("left", "right") for v, t in zip(node["agents"][a]["critic"]["values"], node["agents"][a]["critic"]["targets"])]
+        assert browser.console_errors == []

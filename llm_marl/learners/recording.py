@@ -34,8 +34,10 @@ Schema (``version`` 1) of one line::
                 "kl": per-answer reference KL or null,
                 "penalized_returns": returns - coef * kl (what the baseline saw) or null,
                 "advantages_baseline": after the baseline, before normalization (null in eval
-                                       and for learners without a baseline mode),
-                "advantages": as trained on, after normalization (null in eval)}}}
+                                       and for actor-critic learners),
+                "advantages": as trained on, after normalization (null in eval),
+                "critic": actor-critic learners: {"values", "action_values", "targets",
+                          "rewards" (KL-shaped)} per answer; null otherwise}}}
 
 ``status``: "expanded" — at least one joint action has a child; "early_terminated" — its mean
 reward was above ``early_termination_threshold``; "last_turn" — the horizon; "ended" — the env
@@ -105,6 +107,14 @@ def _completion(completion: Completion) -> dict[str, Any]:
     return {"text": completion.text, "tokens": None if ids is None else len(ids), "action": completion.action}
 
 
+def _critic_fields(sample: Any) -> dict[str, Any] | None:
+    """What an actor-critic sample adds (V of the observation, Q of the answers, TD targets,
+    shaped rewards); None for other samples."""
+    if sample is None or not hasattr(sample, "values"):
+        return None
+    return {name: list(getattr(sample, name, []) or []) for name in ("values", "action_values", "targets", "rewards")}
+
+
 def tree_record(
     root: RolloutNode,
     agents: Sequence[str],
@@ -142,11 +152,12 @@ def tree_record(
                 "completions": [_completion(c) for c in node.completions[agent]],
                 "returns": node.agent_returns(agent),
                 "kl": kl,
-                "penalized_returns": list(sample.returns) if kl is not None else None,
+                "penalized_returns": list(sample.returns) if kl is not None and settings.get("advantage_mode") else None,
                 "advantages_baseline": None
                 if sample is None or settings.get("advantage_mode") is None
                 else group_advantages(list(sample.returns), settings["advantage_mode"], normalize=False),
                 "advantages": None if sample is None else list(sample.advantages),
+                "critic": _critic_fields(sample),
             }
         records.append(
             {
@@ -327,6 +338,9 @@ class RolloutRecorder:
                  "early_termination_threshold", "discount")
         settings = {name: getattr(args, name, None) for name in names}  # a learner family may lack some
         settings["reference_kl_coef"] = args.reference_kl_coef if getattr(args, "reference_kl_enabled", False) else None
+        if getattr(args, "critic_type", None) is not None:  # actor-critic: advantages come from the critic
+            settings["advantage_mode"] = None
+            settings["critic_type"] = args.critic_type
         return cls(args.output_dir, getattr(args, "rollout_log_steps", 0), settings, agents, enabled)
 
     @property
