@@ -234,7 +234,7 @@ def test_browser_failures_are_named(monkeypatch):
     from llm_marl.viewer.chromium import BrowserError
 
     monkeypatch.setenv("LLM_MARL_CHROMIUM", "/bin/false")  # a "browser" that exits at once
-    with pytest.raises(BrowserError, match=r"Target.createTarget: Chromium closed its DevTools pipe.*; Chromium.s stderr ends with"):
+    with pytest.raises(BrowserError, match=r"Target.createTarget: Chromium (exited with code 1|closed its DevTools pipe).*; Chromium.s stderr ends with"):
         Chromium.start(timeout=20)  # both attempts fail, the last error is raised
     monkeypatch.delenv("LLM_MARL_CHROMIUM")
     monkeypatch.setenv("PATH", "/nonexistent")

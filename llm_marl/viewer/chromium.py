@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import tempfile
 import threading
+import time
 from typing import Any
 
 FLAGS = (
@@ -178,14 +179,27 @@ class Chromium:
             self._replies.pop(ident, None)
             raise BrowserError(f"{method}: Chromium closed its DevTools pipe ({exc.strerror})") from None
         try:
-            reply = self._replies[ident].get(timeout=self.timeout)
-        except queue.Empty:
-            raise BrowserError(f"{method}: no answer from Chromium within {self.timeout} s") from None
+            reply = self._await(ident, method)
         finally:
             self._replies.pop(ident, None)
         if "error" in reply:
             raise BrowserError(f"{method}: {reply['error'].get('message')} {reply['error'].get('data', '')}".strip())
         return reply.get("result", {})
+
+    def _await(self, ident: int, method: str) -> dict[str, Any]:
+        """The reply to command ``ident``; an error as soon as the browser process is gone (its
+        pipe may stay open in a process forked meanwhile) or after ``timeout`` seconds."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return self._replies[ident].get(timeout=0.2)
+            except queue.Empty:
+                pass
+            code = self.process.poll()
+            if code is not None:
+                raise BrowserError(f"{method}: Chromium exited with code {code}")
+            if time.monotonic() > deadline:
+                raise BrowserError(f"{method}: no answer from Chromium within {self.timeout} s")
 
     def wait_for(self, method: str) -> dict[str, Any]:
         """The next event named ``method`` (earlier other events are dropped)."""
@@ -235,7 +249,7 @@ class Chromium:
                 self.process.kill()
                 self.process.wait()
         if getattr(self, "_reader", None) is not None:
-            self._reader.join(timeout=10)
+            self._reader.join(timeout=2)
         for fd in (self._commands, self._replies_fd):
             try:
                 os.close(fd)
