@@ -150,7 +150,7 @@ def test_a_flipped_byte_of_the_same_size_is_detected_by_its_sha256(tmp_path):
 def test_temporary_folder_never_looks_like_a_checkpoint(tmp_path):
     os.makedirs(tmp_path / ".tmp-checkpoint-9-123")
     assert checkpoint.list_checkpoints(str(tmp_path)) == []
-    with pytest.raises(checkpoint.CheckpointError, match="no intact checkpoint"):
+    with pytest.raises(checkpoint.CheckpointError, match="nothing to resume"):
         checkpoint.resolve(True, str(tmp_path))
 
 

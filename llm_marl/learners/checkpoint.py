@@ -2,7 +2,8 @@
 
 A checkpoint is the folder ``output_dir/checkpoint-{global_step}`` holding
 
-- ``trainer_state.json``: the :class:`~llm_marl.learners.reinforce.TrainerState` and the config;
+- ``trainer_state.json``: the :class:`~llm_marl.learners.reinforce.TrainerState`, the config and
+  the run (``run_id`` of the run folder's ``run.json``, and when it was written);
 - ``agent_{i}/policy.pt`` and ``agent_{i}/optimizer.pt``: each agent's weights (policy
   ``state_dict``) and optimizer state, plus ``agent_{i}/reference.pt`` with reference KL;
 - ``rng.pt``: Python, NumPy, torch (and CUDA) RNG states and the policies' own generators;
@@ -13,9 +14,11 @@ A checkpoint is the folder ``output_dir/checkpoint-{global_step}`` holding
 
 Writes are atomic: files go to a hidden temporary folder that is renamed into place only when
 complete, so a crash while writing never leaves a ``checkpoint-*`` that loads wrongly, and the
-previous checkpoint stays usable. On load the manifest is verified; ``resolve(True, dir)`` picks
-the newest checkpoint that verifies, warning about any newer one that does not. Only the newest
-``save_total_limit`` checkpoints are kept.
+previous checkpoint stays usable. On load the manifest is verified; ``resolve(True, dir, run_id)``
+picks the newest checkpoint of that run (by the time it was written) that verifies, warning about
+any newer one that does not. Only the newest ``save_total_limit`` checkpoints of the run are kept;
+another run's checkpoints are never deleted, and one in the way of a new checkpoint of the same
+name is moved aside to ``checkpoint-N.replaced-<time>`` with a warning (``run_folder.py``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import os
 import random
 import re
 import shutil
+import time
 import warnings
 from typing import Any
 
@@ -52,7 +56,12 @@ def save(trainer: Any) -> str:
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     state = dataclasses.replace(trainer.state, last_checkpoint=final)
-    _write_json(os.path.join(tmp, "trainer_state.json"), {"state": dataclasses.asdict(state), "args": _jsonable(trainer.args.to_dict())})
+    run_id = getattr(trainer, "run_id", None)
+    run = {"run_id": run_id, "saved_ns": time.time_ns()}
+    _write_json(
+        os.path.join(tmp, "trainer_state.json"),
+        {"state": dataclasses.asdict(state), "args": _jsonable(trainer.args.to_dict()), "run": run},
+    )
     for i, agent in enumerate(trainer.agents):
         folder = os.path.join(tmp, f"agent_{i}")
         os.makedirs(folder)
@@ -73,10 +82,15 @@ def save(trainer: Any) -> str:
     _write_json(os.path.join(tmp, "manifest.json"), _manifest(tmp))
     _fsync_tree(tmp)
     if os.path.exists(final):
-        shutil.rmtree(final)
+        if run_id is not None and _run_of(final).get("run_id") == run_id:
+            shutil.rmtree(final)  # an earlier state of this run at the same step
+        else:
+            aside = f"{final}.replaced-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+            os.rename(final, aside)
+            warnings.warn(f"{final} belonged to another run; moved it aside to {aside}")
     os.replace(tmp, final)
     trainer.state.last_checkpoint = final
-    _rotate(output_dir, trainer.args.save_total_limit, keep=final)
+    _rotate(output_dir, trainer.args.save_total_limit, keep=final, run_id=run_id)
     return final
 
 
@@ -145,20 +159,56 @@ def list_checkpoints(output_dir: str) -> list[str]:
     return [os.path.join(output_dir, name) for _, name in sorted(found)]
 
 
-def resolve(spec: str | bool, output_dir: str | None) -> str:
-    """The checkpoint to resume from: ``spec`` itself, or for True the newest intact one."""
+def run_checkpoints(output_dir: str, run_id: str | None) -> list[str]:
+    """The checkpoints of run ``run_id`` in ``output_dir``, oldest written first (``run_id``
+    None: every checkpoint, by step)."""
+    paths = list_checkpoints(output_dir)
+    if run_id is None:
+        return paths
+    runs = {path: _run_of(path) for path in paths}
+    mine = [path for path in paths if runs[path].get("run_id") == run_id]
+    return sorted(mine, key=lambda path: runs[path].get("saved_ns", 0))
+
+
+class NothingToResume(CheckpointError):
+    """Resume was asked for, but the run folder holds no checkpoint of the run."""
+
+
+def resolve(spec: str | bool, output_dir: str | None, run_id: str | None = None) -> str:
+    """The checkpoint to resume from: ``spec`` itself, or for True the newest intact one of run
+    ``run_id`` (None: of any run, by step)."""
     if spec is True:
         if output_dir is None:
             raise CheckpointError("resume_from_checkpoint=True needs args.output_dir")
-        for path in reversed(list_checkpoints(output_dir)):
+        candidates = run_checkpoints(output_dir, run_id)
+        for path in reversed(candidates):
             try:
                 verify(path)
                 return path
             except CheckpointError as exc:
                 warnings.warn(f"skipping unusable checkpoint: {exc}")
-        raise CheckpointError(f"no intact checkpoint in {output_dir}")
+        if candidates:
+            raise CheckpointError(f"every checkpoint of the run in {output_dir} is damaged: {', '.join(candidates)}")
+        others = len(list_checkpoints(output_dir))
+        where = f" (its {others} checkpoint folder(s) belong to other runs)" if others else ""
+        raise NothingToResume(
+            f"nothing to resume in {output_dir}: no checkpoint of this run has been written yet{where}; "
+            "start the run without resume"
+        )
     verify(str(spec))
     return str(spec)
+
+
+def run_id_of(path: str) -> str | None:
+    """The run id recorded in checkpoint ``path`` (None for checkpoints written without one)."""
+    return _run_of(path).get("run_id")
+
+
+def _run_of(path: str) -> dict[str, Any]:
+    try:
+        return _read_json(os.path.join(path, "trainer_state.json")).get("run") or {}
+    except (OSError, ValueError):
+        return {}
 
 
 def _rng_state(trainer: Any) -> dict[str, Any]:
@@ -186,10 +236,11 @@ def _restore_rng(trainer: Any, state: dict[str, Any]) -> None:
         trainer.policies[agent].generator.set_state(generator_state)
 
 
-def _rotate(output_dir: str, limit: int | None, keep: str) -> None:
+def _rotate(output_dir: str, limit: int | None, keep: str, run_id: str | None) -> None:
+    """Delete the oldest checkpoints of run ``run_id`` beyond ``limit`` (never another run's)."""
     if limit is None:
         return
-    paths = list_checkpoints(output_dir)
+    paths = run_checkpoints(output_dir, run_id)
     for path in paths[: max(0, len(paths) - limit)]:
         if os.path.abspath(path) != os.path.abspath(keep):
             shutil.rmtree(path, ignore_errors=True)

@@ -5,7 +5,9 @@ beyond the specification follow Hugging Face ``TrainingArguments`` names where o
 (``seed``, ``output_dir``, ``save_steps``, ``save_total_limit``, ``max_grad_norm``,
 ``weight_decay``). Invalid values raise ``ValueError`` naming the field at construction time,
 and again when a trainer is built (:meth:`MAGRPOConfig.validate`), so a config changed after
-construction (``args.x = ...`` or ``dataclasses.replace``) is checked too.
+construction (``args.x = ...`` or ``dataclasses.replace``) is checked too. A value of the wrong
+type is reported first (``config_types.py``: the same rules that read flags and YAML), then a
+value out of range.
 
 ``train_batch_size=None`` stays None in the config and means "``rollout_buffer_size``" wherever
 it is used (:attr:`MAGRPOConfig.resolved_train_batch_size`), so
@@ -18,6 +20,8 @@ import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
+
+from llm_marl.learners.config_types import check_types
 
 JOINT_MODES = ("aligned", "cross", "crossed")
 ADVANTAGE_MODES = ("mean", "max", "rloo", "raw")
@@ -95,6 +99,8 @@ class MAGRPOConfig:
     """Seeds Python, NumPy and torch at the start of training (and the env's row draws)."""
     output_dir: str | None = None
     """Run directory: TensorBoard logs, metrics.jsonl, checkpoints, saved models. None: no files."""
+    overwrite_output_dir: bool = False
+    """A new run in a non-empty output_dir: False refuses; True moves the old contents aside (never deletes)."""
     save_steps: int = 0
     """Write a checkpoint every this many optimizer steps (at the end of that batch); 0: only at the end."""
     save_total_limit: int | None = 2
@@ -142,7 +148,9 @@ class MAGRPOConfig:
                 setattr(self, name, devices * self.num_agents if len(devices) == 1 else devices)
 
     def validate(self) -> None:
-        """Normalize (see :meth:`normalize`), then raise ValueError naming the first invalid field."""
+        """Check field types (config_types.py), normalize (see :meth:`normalize`), then raise
+        ValueError naming the first invalid field."""
+        check_types(self)
         self.normalize()
         _at_least(self, "num_agents", 1)
         _at_least(self, "num_turns", 1)

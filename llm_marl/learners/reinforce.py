@@ -27,6 +27,7 @@ import copy
 import math
 import os
 import random
+import signal
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +42,7 @@ from llm_marl.learners.advantages import k3_kl, sample_losses
 from llm_marl.learners.buffer import RolloutBuffer, Sample, samples_from_trees
 from llm_marl.learners.checks import check_horizon, check_policies, env_horizon
 from llm_marl.learners.distributed import DistributedContext
+from llm_marl.learners.interrupt import StopRequests, TrainingInterrupted
 from llm_marl.learners.config import MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig
 from llm_marl.learners.logging import RunLogger, open_wandb, wants_wandb
 from llm_marl.learners.recording import RolloutRecorder
@@ -194,14 +196,18 @@ class MAGRPOTrainer:
         self.logger = RunLogger(None, mirrors=self._mirrors())
         self.recorder = RolloutRecorder.from_args(self.args, self.agents, enabled=self.dist.is_main)
         self._pending: dict[str, list[float]] = {}
+        self.run_id: str | None = None
 
     # --- public API ---------------------------------------------------------------------------
 
     def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainerState:
         """Train for ``num_train_epochs`` epochs; returns the final :class:`TrainerState`.
 
-        ``resume_from_checkpoint``: a checkpoint folder, or True for the newest one in
-        ``output_dir``; training then continues exactly where that checkpoint left off.
+        ``resume_from_checkpoint``: a checkpoint folder, or True for the newest one of the run in
+        ``output_dir``; training then continues exactly where that checkpoint left off. A new
+        run refuses a non-empty ``output_dir`` unless ``overwrite_output_dir`` (run_folder.py).
+        SIGINT/SIGTERM stop after the current batch with a checkpoint and raise
+        :class:`~llm_marl.learners.interrupt.TrainingInterrupted` (interrupt.py).
         """
         from llm_marl.learners import checkpoint
 
@@ -209,8 +215,8 @@ class MAGRPOTrainer:
         if self._cannot_train:
             raise ValueError(self._cannot_train)
         seed_everything(args.seed)
-        if resume_from_checkpoint:
-            path = checkpoint.resolve(resume_from_checkpoint, args.output_dir)
+        path = self._claim_run_folder(resume_from_checkpoint)
+        if path is not None:
             checkpoint.load(self, path)
             self.recorder.purge(self.state.batch_step)
         for agent in self.agents:
@@ -223,6 +229,7 @@ class MAGRPOTrainer:
         batches = self._batches()
         total = args.num_train_epochs * len(batches)
         progress = _progress(total, self.state.epoch * len(batches) + self.state.batch_in_epoch, args.progress_bar)
+        stop = StopRequests().__enter__()
         try:
             while self.state.epoch < args.num_train_epochs and not self._reached_max_steps():
                 b = self.state.batch_in_epoch
@@ -239,16 +246,60 @@ class MAGRPOTrainer:
                     self.state.batch_in_epoch = 0
                 progress.update(1)
                 self._after_batch(progress, steps_before, epoch_done)
+                if self.dist.max(int(stop.signum is not None)):
+                    self._stop_on_signal(stop.signum or signal.SIGTERM)
             if args.output_dir is not None and self.dist.is_main:
                 checkpoint.save(self)
             self.dist.barrier()
         finally:
+            stop.__exit__()
             progress.close()
             self.logger.close()
         return self.state
 
     def _mirrors(self) -> list[Any]:
         return [self.wandb] if self.wandb is not None else []
+
+    def _claim_run_folder(self, resume: str | bool | None) -> str | None:
+        """Claim ``output_dir`` for this run (run_folder.py); the checkpoint to resume, if any.
+        A trainer that trains again continues its own run in its folder."""
+        from llm_marl.learners import checkpoint, run_folder
+
+        out = self.args.output_dir
+        if out is None:
+            return checkpoint.resolve(resume, out) if resume else None
+        held = run_folder.read_identity(out)
+        if not resume and held is not None and held["run_id"] == self.run_id:
+            return None  # train() again on this trainer: the same run continues
+        if not resume:
+            if self.dist.is_main:
+                identity, moved = run_folder.claim_new(out, self.args)
+                if moved:
+                    print(f"[llm_marl] moved the previous contents of {out} aside to {moved}")
+            self.dist.barrier()
+            self.run_id = run_folder.read_identity(out)["run_id"]
+            return None
+        held = run_folder.check_resume(out, self.args)
+        path = checkpoint.resolve(resume, out, held["run_id"] if held else None)
+        saved = checkpoint.run_id_of(path)
+        if held is not None and saved is not None and saved != held["run_id"]:
+            raise run_folder.RunFolderError(f"{path} belongs to run {saved}, but {out} holds run {held['run_id']}")
+        if held is None and self.dist.is_main:
+            held = run_folder.new_identity(self.args, run_id=saved)
+            run_folder.write_identity(out, held)
+        self.run_id = held["run_id"]
+        return path
+
+    def _stop_on_signal(self, signum: int) -> None:
+        """Write a checkpoint of the batch just finished and raise TrainingInterrupted."""
+        from llm_marl.learners import checkpoint
+
+        path = None
+        if self.args.output_dir is not None:
+            if self.dist.is_main:
+                path = checkpoint.save(self)
+            self.dist.barrier()
+        raise TrainingInterrupted(signum, path)
 
     def _reached_max_steps(self) -> bool:
         return self.args.max_steps is not None and self.state.global_step >= self.args.max_steps
