@@ -8,23 +8,38 @@ TensorBoard logs, checkpoints and a summary into a run directory, and ends with 
 reward before and after training and sample answers.
 
 Any config field is a flag (``--num_generations 8`` or ``--num-generations 8``); ``--config
-run.yaml`` loads fields (and ``env``/``policy``/``learner``/``model``) from YAML, and flags
-override it. Examples::
+run.yaml`` loads fields (and ``env``/``policy``/``learner``/``model``/``actions``/``import``)
+from YAML, and flags override it. Flags and YAML values go through one typed path per field
+(``learners/config_types.py``): ``1e-3`` is a float, ``"false"`` is False, ``a,b`` a list.
+Examples::
 
     llm-marl train --env ClimbingGame-v0 --policy tabular --learner magrpo --num_turns 1
-    llm-marl train --config run.yaml --resume            # continue the newest checkpoint
-    llm-marl eval --env WritingCollab-v0 --model runs/x/final/agent_0
+    llm-marl train --config run.yaml --resume            # continue the newest checkpoint of the run
+    llm-marl train --env my_pkg.tasks:make_env ...       # a custom env by entry point
+    llm-marl train --import my_pkg.tasks --env Guess-v0  # ids my_pkg.tasks registers
+    llm-marl eval --env WritingCollab-v0 --model runs/x/final
     llm-marl list
     llm-marl plot runs/x                                   # PNG curves from the TensorBoard logs
     llm-marl view runs/x                                   # the recorded rollout trees as one HTML page
+
+Run folders never mix runs (``learners/run_folder.py``): a new run refuses a non-empty
+``--output_dir`` unless ``--resume`` (continue the run it holds) or ``--overwrite`` (move the old
+contents aside). Ctrl-C or SIGTERM stops after the current batch, writes a checkpoint, prints
+the command that resumes it and exits 130 / 143; a second Ctrl-C stops at once.
+
+Errors are one or two lines naming the problem, exit status 2 for bad usage (flags, config
+values, env ids, folders) and 1 for a run that failed; ``--debug`` shows the traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import os
+import shlex
+import signal
 import sys
 import time
 from typing import Any, Sequence
@@ -37,6 +52,12 @@ LEARNERS = {
     "iac": "IAC",
     "maac": "MAAC",
 }
+
+RUN_KEYS = ("env", "policy", "model", "learner", "actions", "train_items", "import")
+"""Keys of a run (flags and YAML) that are not config fields."""
+
+SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k")
+"""Config fields that set a language-model policy's sampling."""
 
 DEFAULT_RUN: dict[str, Any] = {
     "env": "WritingCollab-v0",
@@ -72,152 +93,300 @@ model so far that the reference KL dominates the [0, 1] reward and some seeds co
 punctuation, so the default stays at 3e-4."""
 
 
+class UsageError(Exception):
+    """Bad usage — a flag, a config value, an env id, a model path or a folder (exit status 2)."""
+
+
 def learner_classes(name: str) -> tuple[type, type]:
     """(config class, trainer class) of learner ``name`` (magrpo, mareinforce, marloo, maremax, iac, maac)."""
     import llm_marl.learners as learners
 
-    key = name.lower()
+    key = str(name).lower()
     if key not in LEARNERS:
-        raise SystemExit(f"unknown learner {name!r}; choose one of {', '.join(LEARNERS)}")
+        raise UsageError(f"unknown learner {name!r}; choose one of {', '.join(LEARNERS)}")
     prefix = LEARNERS[key]
     return getattr(learners, f"{prefix}Config"), getattr(learners, f"{prefix}Trainer")
 
 
-def _field_parser(field: dataclasses.Field) -> Any:
-    hint = field.type if not isinstance(field.type, str) else str(field.type)
-    text = str(hint)
-
-    def parse(value: str) -> Any:
-        if value.lower() in ("none", "null") and "None" in text:
-            return None
-        if text.startswith("bool"):
-            if value.lower() in ("1", "true", "yes", "on"):
-                return True
-            if value.lower() in ("0", "false", "no", "off"):
-                return False
-            raise argparse.ArgumentTypeError(f"--{field.name}: expected true/false, got {value!r}")
-        if "Sequence" in text:
-            return [v for v in value.split(",") if v]
-        for kind in (int, float):
-            if text.startswith(kind.__name__):
-                try:
-                    return kind(value)
-                except ValueError:
-                    raise argparse.ArgumentTypeError(f"--{field.name}: expected {kind.__name__}, got {value!r}") from None
-        if text.startswith("float | None") or text.startswith("int | None"):
-            return float(value) if text.startswith("float") else int(value)
-        return value
-
-    return parse
+# --- options: flags and YAML ----------------------------------------------------------------
 
 
-def _add_config_flags(parser: argparse.ArgumentParser) -> None:
-    from llm_marl.learners.actor_critic_config import IACConfig
-    from llm_marl.learners.config import MAGRPOConfig
+def _metavar(hint: Any) -> str:
+    from llm_marl.learners.config_types import describe
 
-    group = parser.add_argument_group("config fields (MAGRPOConfig; see llm_marl/learners/config.py)")
-    names = set(MAGRPOConfig.field_names())
-    extra = [f for f in dataclasses.fields(IACConfig) if f.name not in names]  # --learner iac|maac only
-    for field in [*dataclasses.fields(MAGRPOConfig), *extra]:
-        flags = [f"--{field.name}"]
-        if "_" in field.name:
-            flags.append(f"--{field.name.replace('_', '-')}")
-        group.add_argument(*flags, dest=f"cfg_{field.name}", type=_field_parser(field), default=argparse.SUPPRESS, metavar="V")
+    text = describe(hint)
+    for word, name in (("list", "LIST"), ("true or false", "true|false"), ("an int", "INT"), ("a float", "FLOAT")):
+        if text.startswith(word) or text.startswith(f"a {word}"):
+            return name
+    return "TEXT"
 
 
-def _run_options(ns: argparse.Namespace, use_default: bool) -> dict[str, Any]:
+def _add_config_flags(parser: argparse.ArgumentParser, config_class: type, learner: str) -> None:
+    """One flag per config field, grouped by the config's sections, each with its doc and default."""
+    from llm_marl.learners.config_docs import field_docs, field_sections
+    from llm_marl.learners.config_types import field_types
+
+    docs, sections, types_ = field_docs(config_class), field_sections(config_class), field_types(config_class)
+    groups: dict[str, Any] = {}
+    for field in dataclasses.fields(config_class):
+        section = sections[field.name] or "fields"
+        if section not in groups:
+            groups[section] = parser.add_argument_group(f"{config_class.__name__} (--learner {learner}): {section}")
+        flags = [f"--{field.name}"] + ([f"--{field.name.replace('_', '-')}"] if "_" in field.name else [])
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
+        text = f"{docs[field.name]} (default: {default!r})".replace("%", "%%")
+        groups[section].add_argument(
+            *flags, dest=f"cfg_{field.name}", default=argparse.SUPPRESS, metavar=_metavar(types_[field.name]), help=text
+        )
+
+
+def _prescan(argv: Sequence[str], flag: str) -> str | None:
+    """The value of ``flag`` in ``argv`` before parsing (``--flag V`` or ``--flag=V``)."""
+    for i, token in enumerate(argv):
+        if token == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if token.startswith(flag + "="):
+            return token.split("=", 1)[1]
+    return None
+
+
+def _learner_of(argv: Sequence[str]) -> str:
+    """The learner a command line asks for (``--learner``, else its ``--config`` file's), for help
+    and flags; unknown names fall back to magrpo here and are reported when the run is built."""
+    name = _prescan(argv, "--learner")
+    config = _prescan(argv, "--config")
+    if name is None and config and os.path.isfile(config):
+        try:
+            import yaml
+
+            with open(config) as f:
+                loaded = yaml.safe_load(f)
+            if isinstance(loaded, dict) and loaded.get("learner"):
+                name = str(loaded["learner"])
+        except Exception:  # reported properly when the options are read
+            pass
+    return name.lower() if name and name.lower() in LEARNERS else "magrpo"
+
+
+def _load_yaml(path: str) -> dict[str, Any]:
+    import yaml
+
+    if not os.path.isfile(path):
+        raise UsageError(f"--config {path}: no such file")
+    try:
+        with open(path) as f:
+            loaded = yaml.safe_load(f)
+    except yaml.YAMLError as exc:
+        raise UsageError(f"--config {path}: not valid YAML ({' '.join(str(exc).split())})") from None
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise UsageError(f"--config {path}: expected a mapping of field: value, got {type(loaded).__name__}")
+    return {str(k): v for k, v in loaded.items()}
+
+
+def _check_keys(keys: Sequence[str], config_class: type, source: str) -> None:
+    import difflib
+
+    known = set(config_class.field_names()) | set(RUN_KEYS)
+    unknown = sorted(set(keys) - known)
+    if unknown:
+        close = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
+        hints = "; ".join(f"{k}: did you mean {m[0]}?" for k, m in close.items() if m)
+        raise UsageError(
+            f"{source}: unknown option(s) {unknown}{' (' + hints + ')' if hints else ''}; "
+            "config fields are listed by `llm-marl train --help`"
+        )
+
+
+def _run_options(ns: argparse.Namespace, use_default: bool) -> tuple[dict[str, Any], set[str]]:
+    """The run's options from the defaults, ``--config`` and flags, each config value typed by
+    its field; and the keys the user gave (flags and YAML)."""
+    from llm_marl.learners.config_types import ConfigTypeError, coerce_mapping, coerce_value, field_types
+
     options: dict[str, Any] = dict(DEFAULT_RUN) if use_default else {"policy": "tabular", "learner": "magrpo"}
-    if ns.config:
-        import yaml
-
-        with open(ns.config) as f:
-            loaded = yaml.safe_load(f) or {}
-        if not isinstance(loaded, dict):
-            raise SystemExit(f"{ns.config}: expected a mapping of field: value")
-        options.update(loaded)
-    for key in ("env", "policy", "model", "learner", "output_dir", "actions", "train_items"):
+    loaded = _load_yaml(ns.config) if ns.config else {}
+    learner = getattr(ns, "learner", None) or loaded.get("learner") or options["learner"]
+    config_class, _ = learner_classes(learner)
+    _check_keys(list(loaded), config_class, f"--config {ns.config}")
+    options.update(coerce_mapping(config_class, loaded, source=ns.config or ""))
+    explicit = set(loaded)
+    for key in ("env", "policy", "model", "learner", "actions", "train_items"):
         value = getattr(ns, key, None)
         if value is not None:
             options[key] = value
+            explicit.add(key)
+    imports = options.get("import") or []
+    imports = [imports] if isinstance(imports, str) else list(imports)
+    options["import"] = imports + list(getattr(ns, "imports", None) or [])
+    types_ = field_types(config_class)
     for key, value in vars(ns).items():
         if key.startswith("cfg_"):
-            options[key[4:]] = value
-    return options
+            name = key[4:]
+            try:
+                options[name] = coerce_value(name, types_[name], value)
+            except ConfigTypeError as exc:
+                raise UsageError(f"--{exc}") from None
+            explicit.add(name)
+    if "train_items" in options and options["train_items"] is not None:
+        count = options["train_items"]
+        if isinstance(count, str):
+            count = int(count) if count.strip().isdigit() else count
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise UsageError(f"--train-items must be an int >= 1 (the first N train rows), got {options['train_items']!r}")
+        options["train_items"] = count
+    return options, explicit
 
 
-def build_trainer(options: dict[str, Any]) -> Any:
-    """A trainer from run options: env id, policy kind, model, learner and config fields."""
+# --- building a run ---------------------------------------------------------------------------
+
+
+def build_trainer(options: dict[str, Any], explicit: set[str] | None = None) -> Any:
+    """A trainer from run options: env id, policy kind, model, learner and config fields.
+
+    ``explicit``: the option keys the user gave (None: all of them); sampling settings saved
+    with a model (``llm_marl_policy.json``) yield only to explicit ones.
+    """
+    from llm_marl.learners.config_types import coerce_mapping
+
     config_class, trainer_class = learner_classes(options.get("learner", "magrpo"))
     fields = set(config_class.field_names())
-    unknown = sorted(set(options) - fields - {"env", "policy", "model", "learner", "actions", "train_items"})
-    if unknown:
-        raise SystemExit(f"unknown option(s) {unknown}; config fields are listed by `llm-marl train --help`")
-    if "env" not in options:
-        raise SystemExit("--env is required (see `llm-marl list`)")
-    env_kwargs = {}
-    if options.get("num_turns") is not None:
-        env_kwargs["num_turns"] = options["num_turns"]
-    env = _make_env(options["env"], env_kwargs)
-    eval_env = _make_env(options["env"], {**env_kwargs, "split": "eval"})
+    _check_keys(list(options), config_class, "options")
+    if not options.get("env"):
+        raise UsageError("--env is required (see `llm-marl list`)")
+    _import_modules(options.get("import") or [])
+    turns = options.get("num_turns") if explicit is None or "num_turns" in explicit else None
+    env = _make_env(options["env"], None, turns)
+    eval_env = _make_env(options["env"], "eval", turns)
     if options.get("train_items"):
-        env = _limit_items(env, int(options["train_items"]))
-    settings = {k: v for k, v in options.items() if k in fields}
-    settings.setdefault("num_agents", len(env.possible_agents))
-    settings.setdefault("num_turns", getattr(getattr(env, "task", None), "num_turns", 1))
-    args = config_class(**settings)
-    policies = _make_policies(options, env, args)
-    return trainer_class(env=env, policies=policies, args=args, eval_env=eval_env)
-
-
-def _make_env(env_id: str, kwargs: dict[str, Any]) -> Any:
-    from llm_marl.envs import make
-
+        env = _limit_items(env, int(options["train_items"]), options["env"])
     try:
-        return make(env_id, **kwargs)
-    except TypeError:
-        kwargs = {k: v for k, v in kwargs.items() if k != "num_turns"}
-        return make(env_id, **kwargs)
+        settings = coerce_mapping(config_class, {k: v for k, v in options.items() if k in fields})
+        settings.setdefault("num_agents", len(env.possible_agents))
+        settings.setdefault("num_turns", getattr(getattr(env, "task", None), "num_turns", 1))
+        args = config_class(**settings)
+    except ValueError as exc:
+        raise UsageError(f"config: {exc}") from None
+    policies = _make_policies(options, env, args, explicit)
+    try:
+        return trainer_class(env=env, policies=policies, args=args, eval_env=eval_env)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
 
 
-def _limit_items(env: Any, count: int) -> Any:
+def _import_modules(names: Sequence[str]) -> None:
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as exc:
+            raise UsageError(f"--import {name}: cannot import it ({exc})") from None
+
+
+def _make_env(env_id: str, split: str | None, num_turns: int | None) -> Any:
+    """``make(env_id)`` for the train split (``split`` None) or ``split``; ``num_turns`` (given by
+    the user) must be taken by the env's factory and be the horizon it builds."""
+    from llm_marl.envs import make
+    from llm_marl.envs.plugins import UnknownEnvError, find
+
+    kwargs: dict[str, Any] = {} if split is None else {"split": split}
+    if num_turns is not None:
+        kwargs["num_turns"] = num_turns
+    try:
+        find(env_id)
+        env = make(env_id, **kwargs)
+    except UnknownEnvError as exc:
+        raise UsageError(str(exc)) from None
+    except TypeError as exc:
+        if num_turns is not None and "num_turns" in str(exc):
+            raise UsageError(
+                f"--num_turns {num_turns}: the factory of env {env_id} does not take num_turns ({exc}); "
+                "its episodes have a fixed length: drop --num_turns"
+            ) from None
+        if split is not None and "split" in str(exc):
+            return None  # a factory without splits: the trainer evaluates on the train env
+        raise
+    except (ValueError, KeyError, NotImplementedError):
+        if split is None:
+            raise
+        return None  # no eval split
+    played = getattr(getattr(env, "task", None), "num_turns", None)
+    if num_turns is not None and played is not None and played != num_turns:
+        raise UsageError(f"--num_turns {num_turns}: env {env_id} was built with {played} turns per episode (its factory ignores num_turns)")
+    return env
+
+
+def _limit_items(env: Any, count: int, env_id: str) -> Any:
     data = getattr(env, "data", None)
-    if data is not None and count < len(data):
+    if data is None:
+        raise UsageError(f"--train-items {count}: env {env_id} has no dataset to cut (no .data)")
+    if count < len(data):
         env.data = data.select(range(count))
     return env
 
 
-def _make_policies(options: dict[str, Any], env: Any, args: Any) -> list[Any]:
+def _make_policies(options: dict[str, Any], env: Any, args: Any, explicit: set[str] | None = None) -> list[Any]:
     kind = options.get("policy", "tabular")
     if kind == "tabular":
         from llm_marl.policies.tabular import TabularPolicy
 
-        actions = options.get("actions")
-        if isinstance(actions, str):
-            actions = actions.split(",")
-        if actions is None:
-            actions = getattr(getattr(env, "task", None), "menu", None)
-        if not actions:
-            raise SystemExit("--policy tabular needs --actions a,b,c (the env's task has no menu)")
-        return [TabularPolicy(actions) for _ in env.possible_agents]
+        return [TabularPolicy(_menu(options.get("actions"), env, options["env"])) for _ in env.possible_agents]
     if kind == "lm":
-        from llm_marl.policies.causal_lm import CausalLMPolicy
+        from llm_marl.policies.causal_lm import SETTINGS_FILE, CausalLMPolicy
 
-        model = options.get("model") or "tiny"
-        paths = model if isinstance(model, list) else [model] * len(env.possible_agents)
         policies = []
-        for path in paths:
+        for agent, path in zip(env.possible_agents, _model_paths(options.get("model") or "tiny", env.possible_agents)):
+            saved = path != "tiny" and os.path.isfile(os.path.join(path, SETTINGS_FILE))
+            chosen = [f for f in SAMPLING_FIELDS if not saved or explicit is None or f in explicit]
+            settings = {f: getattr(args, f) for f in chosen}
             if path == "tiny":
                 from llm_marl.policies.tiny import load_tiny
 
                 lm, tokenizer = load_tiny()
-                policy = CausalLMPolicy(lm, tokenizer, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k)
+                policy = CausalLMPolicy(lm, tokenizer, **settings)
             else:
-                policy = CausalLMPolicy.from_pretrained(
-                    path, max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_p=args.top_p, top_k=args.top_k
-                )
+                try:
+                    policy = CausalLMPolicy.from_pretrained(path, **settings)
+                except OSError as exc:
+                    raise UsageError(f"--model {path}: cannot load it ({str(exc).splitlines()[0]})") from None
+            shown = ", ".join(f"{f}={getattr(policy, f)!r}" for f in SAMPLING_FIELDS)
+            origin = f"; saved with the model, {SETTINGS_FILE}" if saved else ""
+            print(f"llm-marl: {agent}: model {path} ({shown}{origin})")
             policies.append(policy)
         return policies
-    raise SystemExit(f"unknown --policy {kind!r}; choose tabular or lm")
+    raise UsageError(f"unknown --policy {kind!r}; choose tabular or lm")
+
+
+def _menu(actions: Any, env: Any, env_id: str) -> list[str]:
+    """The tabular policies' answers: ``--actions a,b,c`` (or a YAML list), else the task's ``menu``."""
+    if actions is None:
+        menu = getattr(getattr(env, "task", None), "menu", None)
+        if not menu:
+            raise UsageError(f"--policy tabular needs --actions a,b,c: env {env_id}'s task has no menu attribute")
+        return list(menu)
+    given = [a.strip() for a in actions.split(",")] if isinstance(actions, str) else [str(a) for a in actions]
+    if not given or any(a == "" for a in given):
+        raise UsageError(f"--actions {actions!r}: give a comma-separated menu of non-empty answers, e.g. --actions alpha,beta")
+    if len(set(given)) != len(given):
+        raise UsageError(f"--actions {actions!r}: answers must be distinct")
+    return given
+
+
+def _model_paths(model: Any, agents: Sequence[str]) -> list[str]:
+    """One model per agent: a list, a folder with ``agent_0 ... agent_{N-1}`` (a run's ``final``),
+    or one path/hub id for all. A local-looking path that does not exist is a usage error."""
+    if isinstance(model, (list, tuple)):
+        paths = [str(p) for p in model]
+        if len(paths) != len(agents):
+            raise UsageError(f"--model: {len(paths)} models for {len(agents)} agents {list(agents)}")
+    else:
+        model = str(model)
+        per_agent = [os.path.join(model, f"agent_{i}") for i in range(len(agents))]
+        paths = per_agent if all(os.path.isdir(p) for p in per_agent) else [model] * len(agents)
+    for path in paths:
+        local = path.startswith(("/", ".", "~")) or path.count("/") > 1 or os.sep != "/" and os.sep in path
+        if path != "tiny" and local and not os.path.exists(os.path.expanduser(path)):
+            raise UsageError(f"--model {path}: no such folder (give a model folder, a hub id such as gpt2, or 'tiny')")
+    return paths
 
 
 def _samples(trainer: Any, count: int = 2) -> list[dict[str, str]]:
@@ -235,23 +404,70 @@ def _samples(trainer: Any, count: int = 2) -> list[dict[str, str]]:
 
 
 def cmd_train(ns: argparse.Namespace, argv: Sequence[str]) -> int:
-    use_default = not ns.env and not ns.config
-    options = _run_options(ns, use_default)
-    if not options.get("output_dir"):
-        from llm_marl.learners.run_dir import default_run_dir
+    from llm_marl.learners import checkpoint, run_folder
+    from llm_marl.learners.interrupt import TrainingInterrupted
 
-        options["output_dir"] = default_run_dir(options.get("env", "run"), options.get("learner", "magrpo"))
-    if use_default:
-        print("llm-marl: no arguments, running the embedded default (tiny local LMs, MAGRPO, WritingCollab-v0)")
+    use_default = not ns.env and not ns.config
+    options, explicit = _run_options(ns, use_default)
     resume = None
     if ns.resume is not None:
         resume = True if ns.resume == "latest" else ns.resume
-    summary = train_and_summarize(build_trainer(options), options, resume)
+    out = options.get("output_dir")
+    if resume and not out:
+        raise UsageError("--resume needs the run folder: give --output_dir RUN (or output_dir in the --config file)")
+    if not out:
+        from llm_marl.learners.run_dir import default_run_dir
+
+        out = options["output_dir"] = default_run_dir(options.get("env", "run"), options.get("learner", "magrpo"))
+    if ns.overwrite:
+        if resume:
+            raise UsageError("--overwrite starts a new run and --resume continues one: give one of them")
+        options["overwrite_output_dir"] = True
+    if not resume and not options.get("overwrite_output_dir") and not run_folder.is_empty(out):
+        raise UsageError(run_folder.refusal(out))
+    if resume is True and not checkpoint.list_checkpoints(out):
+        raise UsageError(f"nothing to resume in {out}: it holds no checkpoint (start the run without --resume)")
+    if use_default:
+        print("llm-marl: no arguments, running the embedded default (tiny local LMs, MAGRPO, WritingCollab-v0)")
+    trainer = build_trainer(options, explicit)
+    try:
+        summary = train_and_summarize(trainer, options, resume)
+    except TrainingInterrupted as stop:
+        print(_interrupted_message(stop, argv, out), file=sys.stderr)
+        return stop.exit_code
     if summary is not None:
         print(format_summary(summary))
         if os.path.isdir(os.path.join(options["output_dir"], "rollouts")):
             print(f"llm-marl: rollout trees recorded; see them with: llm-marl view {options['output_dir']}")
     return 0
+
+
+def resume_command(argv: Sequence[str], output_dir: str) -> str:
+    """The ``llm-marl`` command line that resumes the run started by ``argv`` in ``output_dir``."""
+    kept: list[str] = []
+    skip = False
+    for i, token in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        if token in ("--overwrite", "--resume") or token.startswith(("--resume=", "--output_dir=", "--output-dir=")):
+            if token == "--resume" and i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                skip = True
+            continue
+        if token in ("--output_dir", "--output-dir"):
+            skip = True
+            continue
+        kept.append(token)
+    return shlex.join(["llm-marl", *kept, "--output_dir", output_dir, "--resume"])
+
+
+def _interrupted_message(stop: Any, argv: Sequence[str], output_dir: str) -> str:
+    if stop.checkpoint:
+        return f"llm-marl: stopped by {stop.signal_name}; checkpoint {stop.checkpoint}\nresume with: {resume_command(argv, output_dir)}"
+    return (
+        f"llm-marl: stopped at once by a second {stop.signal_name}; no checkpoint of the current batch "
+        f"(resume from the run's last checkpoint, if it has one: {resume_command(argv, output_dir)})"
+    )
 
 
 def train_and_summarize(trainer: Any, options: dict[str, Any], resume: str | bool | None = None) -> dict[str, Any] | None:
@@ -304,9 +520,11 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 def cmd_eval(ns: argparse.Namespace, argv: Sequence[str]) -> int:
-    options = _run_options(ns, use_default=not ns.env and not ns.config)
+    options, explicit = _run_options(ns, use_default=not ns.env and not ns.config)
     options.pop("output_dir", None)
-    trainer = build_trainer(options)
+    if ns.checkpoint and not os.path.isdir(ns.checkpoint):
+        raise UsageError(f"--checkpoint {ns.checkpoint}: no such checkpoint folder")
+    trainer = build_trainer(options, explicit)
     if ns.checkpoint:
         from llm_marl.learners import checkpoint
 
@@ -319,7 +537,10 @@ def cmd_eval(ns: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def cmd_list(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     from llm_marl.envs import registered_ids
+    from llm_marl.envs.plugins import load_entry_points
 
+    _import_modules(ns.imports or [])
+    load_entry_points()
     print("environments:")
     for env_id in registered_ids():
         print(f"  {env_id}")
@@ -333,6 +554,8 @@ def cmd_list(ns: argparse.Namespace, argv: Sequence[str]) -> int:
 def cmd_plot(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     from llm_marl.plotting import plot_run
 
+    if not os.path.isdir(ns.run_dir):
+        raise UsageError(f"no such run folder: {ns.run_dir}")
     written = plot_run(ns.run_dir, ns.out)
     for path in written:
         print(path)
@@ -352,36 +575,61 @@ def cmd_view(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
-def parser() -> argparse.ArgumentParser:
-    root = argparse.ArgumentParser(prog="llm-marl", description=__doc__.split("\n\n")[0])
-    commands = root.add_subparsers(dest="command", required=True)
+class _Parser(argparse.ArgumentParser):
+    """argparse, with errors as one line (no usage dump) raised as UsageError."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see `{self.prog} --help`)")
+
+
+def parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
+    """The ``llm-marl`` parser; ``argv`` selects the learner whose config fields become flags."""
+    learner = _learner_of(argv)
+    config_class, _ = learner_classes(learner)
+    root = _Parser(prog="llm-marl", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    commands = root.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--debug", action="store_true", help="show the traceback of an error")
+        p.add_argument("--import", dest="imports", action="append", metavar="MODULE", help="import MODULE first (it registers env ids); repeatable")
 
     def run_flags(p: argparse.ArgumentParser) -> None:
-        p.add_argument("--config", help="YAML file of config fields and env/policy/learner/model")
-        p.add_argument("--env", help="environment id (see `llm-marl list`)")
-        p.add_argument("--policy", choices=["tabular", "lm"], help="policy kind for every agent")
-        p.add_argument("--model", help="model path or hub id for --policy lm ('tiny': the local tiny model)")
-        p.add_argument("--learner", choices=sorted(LEARNERS), help="learner (default magrpo)")
-        p.add_argument("--actions", help="comma-separated menu for --policy tabular")
-        p.add_argument("--train-items", "--train_items", dest="train_items", type=int, help="train on the first N dataset rows only")
-        _add_config_flags(p)
+        group = p.add_argument_group("run")
+        group.add_argument("--config", help="YAML file of config fields and env/policy/learner/model/actions/import")
+        group.add_argument("--env", help="env id (`llm-marl list`), an entry point package.module:factory, or an id from --import or an installed package's llm_marl.envs entry points")
+        group.add_argument("--policy", choices=["tabular", "lm"], help="policy kind for every agent (default tabular; lm without --env)")
+        group.add_argument("--model", help="for --policy lm: a model folder, a run's final/ folder (agent_i each), a hub id, or 'tiny'")
+        group.add_argument("--learner", choices=sorted(LEARNERS), help=f"learner (default magrpo; this help shows {config_class.__name__})")
+        group.add_argument("--actions", help="comma-separated menu for --policy tabular (default: the task's menu)")
+        group.add_argument("--train-items", "--train_items", dest="train_items", type=int, metavar="N", help="train on the first N dataset rows only (N >= 1)")
+        common(p)
+        _add_config_flags(p, config_class, learner)
 
-    train = commands.add_parser("train", help="train agents (no arguments: the embedded default run)")
+    description = (
+        f"Train agents. Config class: {config_class.__name__} (--learner {learner}; fields documented in "
+        "llm_marl/learners/config.py). Every field is a flag and a --config YAML key."
+    )
+    usage = "%(prog)s [--env ID | --config YAML] [--policy tabular|lm] [--learner NAME] [--FIELD VALUE ...]"
+    train = commands.add_parser("train", help="train agents (no arguments: the embedded default run)", description=description, usage=usage + " [--resume | --overwrite]")
+    state = train.add_argument_group("run folder")
+    state.add_argument("--resume", nargs="?", const="latest", metavar="CHECKPOINT", help="continue the run in output_dir from its newest checkpoint (or from CHECKPOINT)")
+    state.add_argument("--overwrite", action="store_true", help="start a new run in a non-empty output_dir, moving its old contents aside to OUTPUT_DIR.replaced-<time>")
     run_flags(train)
-    train.add_argument("--resume", nargs="?", const="latest", help="resume from a checkpoint path, or the newest in output_dir")
     train.set_defaults(func=cmd_train)
 
-    evaluate = commands.add_parser("eval", help="evaluate policies on an env's eval split")
-    run_flags(evaluate)
+    evaluate = commands.add_parser("eval", help="evaluate policies on an env's eval split", description=description.replace("Train", "Evaluate"), usage=usage)
     evaluate.add_argument("--checkpoint", help="load policies from this checkpoint first")
+    run_flags(evaluate)
     evaluate.set_defaults(func=cmd_eval)
 
     listing = commands.add_parser("list", help="list environments, learners and policies")
+    common(listing)
     listing.set_defaults(func=cmd_list)
 
     plot = commands.add_parser("plot", help="write PNG learning curves of a run")
     plot.add_argument("run_dir")
     plot.add_argument("--out", help="output folder (default RUN_DIR/plots)")
+    plot.add_argument("--debug", action="store_true", help="show the traceback of an error")
     plot.set_defaults(func=cmd_plot)
 
     view = commands.add_parser("view", help="write (or --serve) an HTML viewer of a run's recorded rollout trees")
@@ -393,16 +641,58 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
+def _usage_errors() -> tuple[type, ...]:
+    from llm_marl.envs.plugins import UnknownEnvError
+    from llm_marl.learners.checkpoint import NothingToResume
+    from llm_marl.learners.config_types import ConfigTypeError
+    from llm_marl.learners.run_folder import RunFolderError
+
+    return (UsageError, ConfigTypeError, RunFolderError, NothingToResume, UnknownEnvError)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command; returns its exit status (0; 2 bad usage; 1 run failure; 130/143 signals)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
     try:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
     except ImportError:  # pragma: no cover - transformers is a dependency
         pass
-    ns = parser().parse_args(argv)
-    return ns.func(ns, argv)
+    from llm_marl.learners.interrupt import TrainingInterrupted
+
+    def on_sigterm(signum: int, frame: Any) -> None:
+        raise TrainingInterrupted(signum, None, immediate=True)
+
+    in_main_thread = signal.getsignal(signal.SIGTERM) is not None and _main_thread()
+    previous = signal.signal(signal.SIGTERM, on_sigterm) if in_main_thread else None
+    try:
+        ns = parser(argv).parse_args(argv)
+        return ns.func(ns, argv)
+    except TrainingInterrupted as stop:
+        print(f"llm-marl: stopped by {stop.signal_name} outside training; nothing was written", file=sys.stderr)
+        return stop.exit_code
+    except KeyboardInterrupt:
+        print("llm-marl: interrupted outside training; nothing was written", file=sys.stderr)
+        return 130
+    except Exception as exc:
+        if debug:
+            raise
+        if isinstance(exc, _usage_errors()):
+            print(f"llm-marl: error: {exc}", file=sys.stderr)
+            return 2
+        print(f"llm-marl: error: {type(exc).__name__}: {exc}\n(run again with --debug for the traceback)", file=sys.stderr)
+        return 1
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
 
 
 if __name__ == "__main__":
