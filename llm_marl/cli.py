@@ -610,14 +610,14 @@ def parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         "llm_marl/learners/config.py). Every field is a flag and a --config YAML key."
     )
     usage = "%(prog)s [--env ID | --config YAML] [--policy tabular|lm] [--learner NAME] [--FIELD VALUE ...]"
-    train = commands.add_parser("train", help="train agents (no arguments: the embedded default run)", description=description, usage=usage + " [--resume | --overwrite]")
+    train = commands.add_parser("train", allow_abbrev=False, help="train agents (no arguments: the embedded default run)", description=description, usage=usage + " [--resume | --overwrite]")
     state = train.add_argument_group("run folder")
     state.add_argument("--resume", nargs="?", const="latest", metavar="CHECKPOINT", help="continue the run in output_dir from its newest checkpoint (or from CHECKPOINT)")
     state.add_argument("--overwrite", action="store_true", help="start a new run in a non-empty output_dir, moving its old contents aside to OUTPUT_DIR.replaced-<time>")
     run_flags(train)
     train.set_defaults(func=cmd_train)
 
-    evaluate = commands.add_parser("eval", help="evaluate policies on an env's eval split", description=description.replace("Train", "Evaluate"), usage=usage)
+    evaluate = commands.add_parser("eval", allow_abbrev=False, help="evaluate policies on an env's eval split", description=description.replace("Train", "Evaluate"), usage=usage)
     evaluate.add_argument("--checkpoint", help="load policies from this checkpoint first")
     run_flags(evaluate)
     evaluate.set_defaults(func=cmd_eval)

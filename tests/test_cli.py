@@ -81,3 +81,92 @@ def test_list_eval_and_plot(tmp_path, capsys):
     for path in pngs:
         with open(path, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+# --- messages instead of tracebacks (each returns 2 with one or two lines on stderr) -------------
+
+MESSAGES = [
+    (["train", "--env", "ClimbingGame-v0", "--actions", ""], "--actions '': give a comma-separated menu of non-empty answers"),
+    (["train", "--env", "ClimbingGame-v0", "--actions", "a,,b"], "--actions 'a,,b': give a comma-separated menu"),
+    (["train", "--env", "ClimbingGame-v0", "--train-items", "0"], "--train-items must be an int >= 1"),
+    (["train", "--env", "ClimbingGame-v0", "--resume"], "--resume needs the run folder: give --output_dir RUN"),
+    (["train", "--env", "ClimbingGame-v0", "--resume", "--output_dir", "{tmp}/empty"], "nothing to resume in {tmp}/empty: it holds no checkpoint"),
+    (["train", "--env", "ClimbingGame-v0", "--overwrite", "--resume", "--output_dir", "{tmp}/x"], "--overwrite starts a new run and --resume continues one"),
+    (["train", "--env", "Climbinggame-v0"], "unknown environment id 'Climbinggame-v0'; known: ClimbingGame-v0"),
+    (["train", "--env", "ClimbingGame-v0", "--policy", "lm", "--model", "./no/such/model"], "--model ./no/such/model: no such folder"),
+    (["train", "--env", "ClimbingGame-v0", "--advantage_normalization", "False!"], "--advantage_normalization: expected true or false, got 'False!'"),
+    (["train", "--env", "ClimbingGame-v0", "--top_k", "1.5"], "--top_k: expected an int or none, got '1.5'"),
+    (["train", "--env", "ClimbingGame-v0", "--num-turn", "1"], "unrecognized arguments: --num-turn 1"),
+    (["train", "--env", "ClimbingGame-v0", "--import", "no_such_module_xyz"], "--import no_such_module_xyz: cannot import it"),
+    (["eval", "--env", "ClimbingGame-v0", "--checkpoint", "{tmp}/nope"], "--checkpoint {tmp}/nope: no such checkpoint folder"),
+    (["plot", "{tmp}/typo"], "no such run folder: {tmp}/typo"),
+]
+
+
+@pytest.mark.parametrize("argv, message", MESSAGES, ids=[" ".join(a[2:5]) for a, _ in MESSAGES])
+def test_usage_errors_are_short_messages(tmp_path, capsys, argv, message):
+    argv = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    (tmp_path / "empty").mkdir()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message.replace("{tmp}", str(tmp_path)) in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 2
+
+
+def test_num_turns_for_a_factory_without_it_is_an_error_not_a_silent_drop(tmp_path, capsys, monkeypatch):
+    monkeypatch.syspath_prepend(os.path.dirname(__file__))
+    assert main(["train", "--env", "cli_envs:make_sum_target", "--num_turns", "2", "--output_dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "--num_turns 2: the factory of env cli_envs:make_sum_target does not take num_turns" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_run_failure_exits_1_and_debug_shows_the_traceback(tmp_path, capsys):
+    class Boom(Exception):
+        pass
+
+    from llm_marl.learners.reinforce import MAGRPOTrainer
+
+    def fail(self, resume_from_checkpoint=None):
+        raise Boom("the reward server is down")
+
+    original = MAGRPOTrainer.train
+    MAGRPOTrainer.train = fail
+    try:
+        argv = ["train", *CLIMB, "--eval_interval", "0", "--output_dir", str(tmp_path / "r")]
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.splitlines() == ["llm-marl: error: Boom: the reward server is down",
+                                    "(run again with --debug for the traceback)"]
+        with pytest.raises(Boom):
+            main([*argv[:-1], str(tmp_path / "s"), "--debug"])
+    finally:
+        MAGRPOTrainer.train = original
+
+
+def test_train_help_names_the_config_class_and_shows_field_docs(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--learner", "marloo", "--help"])
+    assert exit_.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Config class: MARLOOConfig" in text
+    assert "--num_generations INT, --num-generations INT K: samples per observation per agent (>= 2). (default: 4)" in text
+    assert "Baseline: \"mean\" (MAGRPO), \"rloo\", \"max\" (MAReMax) or \"raw\" (MAREINFORCE). (default: 'rloo')" in text
+
+
+def test_eval_of_a_saved_policy_uses_its_saved_sampling_settings(tmp_path, capsys):
+    from llm_marl.policies.causal_lm import CausalLMPolicy
+    from llm_marl.policies.tiny import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "tiny", pretrain_steps=1, batch_size=2, n_layer=1, n_embd=32)
+    policy = CausalLMPolicy.from_pretrained(model_dir, temperature=0.3, top_p=0.8, top_k=7, max_new_tokens=5)
+    for i in range(2):
+        policy.save_pretrained(tmp_path / "run" / "final" / f"agent_{i}")
+    base = ["eval", "--env", "CoordinationGame-v0", "--policy", "lm", "--eval_num_samples", "1"]
+    assert main([*base, "--model", str(tmp_path / "run" / "final" / "agent_0")]) == 0
+    out = capsys.readouterr().out
+    assert "max_new_tokens=5, temperature=0.3, top_p=0.8, top_k=7; saved with the model" in out
+    assert main([*base, "--model", str(tmp_path / "run" / "final"), "--temperature", "0.9"]) == 0
+    out = capsys.readouterr().out
+    assert f"row: model {tmp_path / 'run' / 'final' / 'agent_0'} (max_new_tokens=5, temperature=0.9" in out
+    assert f"column: model {tmp_path / 'run' / 'final' / 'agent_1'}" in out

@@ -51,8 +51,10 @@ def coerce_value(name: str, hint: Any, value: Any, *, parse_text: bool = True) -
         return None
     kinds = [kind for kind in options if kind is not type(None)]
     # A string field takes text as it is; where a list is allowed too, text with a comma is a list.
-    if isinstance(value, str) and str in kinds and not (parse_text and _sequence_kinds(kinds) and "," in value):
-        return value
+    if isinstance(value, str) and str in kinds:
+        if not (parse_text and _sequence_kinds(kinds) and "," in value):
+            return value
+        kinds = _sequence_kinds(kinds)
     for kind in kinds:
         try:
             return _coerce_one(name, kind, value, parse_text)
