@@ -331,7 +331,11 @@ def _make_policies(options: dict[str, Any], env: Any, args: Any, explicit: set[s
 
         return [TabularPolicy(_menu(options.get("actions"), env, options["env"])) for _ in env.possible_agents]
     if kind == "lm":
+        from transformers.utils import logging as hf_logging
+
         from llm_marl.policies.causal_lm import SETTINGS_FILE, CausalLMPolicy
+
+        hf_logging.disable_progress_bar()
 
         policies = []
         for agent, path in zip(env.possible_agents, _model_paths(options.get("model") or "tiny", env.possible_agents)):
@@ -654,12 +658,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns its exit status (0; 2 bad usage; 1 run failure; 130/143 signals)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
-    try:
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.disable_progress_bar()
-    except ImportError:  # pragma: no cover - transformers is a dependency
-        pass
     from llm_marl.learners.interrupt import TrainingInterrupted
 
     def on_sigterm(signum: int, frame: Any) -> None:
