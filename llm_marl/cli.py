@@ -658,6 +658,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command; returns its exit status (0; 2 bad usage; 1 run failure; 130/143 signals)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
+    import warnings
+
+    formatwarning = warnings.formatwarning
+    warnings.formatwarning = lambda message, category, *rest, **kw: f"llm-marl: warning: {message}\n"
     from llm_marl.learners.interrupt import TrainingInterrupted
 
     def on_sigterm(signum: int, frame: Any) -> None:
@@ -683,6 +687,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"llm-marl: error: {type(exc).__name__}: {exc}\n(run again with --debug for the traceback)", file=sys.stderr)
         return 1
     finally:
+        warnings.formatwarning = formatwarning
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 

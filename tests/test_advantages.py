@@ -1,4 +1,4 @@
-"""Advantage math against numbers computed by hand (SPEC.md §2, §3.6, §3.7, §6).
+"""Advantage math against numbers computed by hand (docs/algorithms.md §2, §3.6, §3.7, §6).
 
 The K=4 example used throughout: returns r = [1, 2, 3, 6], so sum = 12, mean = 3, max = 6.
 
@@ -161,7 +161,7 @@ def test_unknown_mode_raises_naming_the_allowed_modes():
         group_advantages(RETURNS, "median")
 
 
-# --- per-agent returns (SPEC.md §3.7) --------------------------------------------------------
+# --- per-agent returns (docs/algorithms.md §3.7) --------------------------------------------------------
 
 # K=2, N=2, cross: joint actions (answer of agent 0, answer of agent 1) and their returns
 CROSS_JOINT = [(0, 0), (0, 1), (1, 0), (1, 1)]
@@ -221,7 +221,7 @@ def test_k3_kl_hand_values():
     assert (got >= 0).all()
 
 
-# --- discounted returns (SPEC.md §3.6) ---------------------------------------------------------
+# --- discounted returns (docs/algorithms.md §3.6) ---------------------------------------------------------
 
 
 def test_discounted_return():
@@ -233,7 +233,7 @@ def test_discounted_return():
     assert discounted_return(0.5, [1.0, 2.0, 3.0, 6.0], 0.25) == 0.5 + 0.25 * 3.0
 
 
-# --- the loss (SPEC.md §4) ---------------------------------------------------------------------
+# --- the loss (docs/algorithms.md §4) ---------------------------------------------------------------------
 
 
 def test_policy_gradient_loss_hand_value_and_gradient():

@@ -1,4 +1,4 @@
-"""The Hugging Face-compatible constructor of the anchor library (SPEC.md §7, ANCHORS.md).
+"""The Hugging Face-compatible constructor of the anchor library (docs/algorithms.md §7, ANCHORS.md).
 
 ``MAGRPOTrainer(agent_model=..., reward_func=..., formatters=..., external_transition=...,
 train_dataset=..., eval_dataset=..., args=MAGRPOConfig(...))`` — and ``agents=[...]`` with or

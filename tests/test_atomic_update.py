@@ -1,4 +1,4 @@
-"""An update is all-or-nothing across agents (issue 13, items 5 and 6; SPEC.md §4).
+"""An update is all-or-nothing across agents (issue 13, items 5 and 6; docs/algorithms.md §4).
 
 Two tabular agents on a one-turn task; agent b's policy can be "poisoned" so that its scoring
 returns NaN (a numerically broken model). When b's loss is NaN, agent a must not have stepped:

@@ -1,4 +1,4 @@
-"""Evaluation never plays training items by accident (issue 13, item 3; SPEC.md §5).
+"""Evaluation never plays training items by accident (issue 13, item 3; docs/algorithms.md §5).
 
 The task ("Marked") has train items n = 0, 1 and, unless told otherwise, eval items n = 100..102;
 the reward is the item's n, so a metric tells which items were played: a mean reward below 100

@@ -1,4 +1,4 @@
-"""Transitions run only for branches that get a child (SPEC.md §3.5; issue 13, item 1).
+"""Transitions run only for branches that get a child (docs/algorithms.md §3.5; issue 13, item 1).
 
 The task ("Tally") counts every call of its external transition. Two agents answer from the
 menu "0"/"1"/"2"; the reward is the sum of the two answers (as numbers) plus ``bias``, so the

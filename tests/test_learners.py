@@ -1,4 +1,4 @@
-"""The trainers' contract (SPEC.md §2, §4, §5, §6): buffers and optimizer steps, optimizers,
+"""The trainers' contract (docs/algorithms.md §2, §4, §5, §6): buffers and optimizer steps, optimizers,
 fixed partners, config validation, evaluation and its schedule, eval hooks, error reporting,
 run logs, and training on a plain PettingZoo env that knows nothing of llm_marl."""
 
@@ -108,7 +108,7 @@ def count_steps(trainer):
     return counts
 
 
-# --- buffers and optimizer steps (SPEC.md §4) -----------------------------------------------------
+# --- buffers and optimizer steps (docs/algorithms.md §4) -----------------------------------------------------
 
 
 def expected_steps_per_epoch(samples, buffer_size, batch_size):
@@ -214,7 +214,7 @@ def test_scripted_partner_is_never_updated():
     assert row.probabilities(observation)[0] > 0.9
 
 
-# --- configuration (SPEC.md §6) -------------------------------------------------------------------
+# --- configuration (docs/algorithms.md §6) -------------------------------------------------------------------
 
 SPEC_DEFAULTS = dict(
     num_agents=2,
@@ -352,7 +352,7 @@ def test_num_agents_must_match_the_env():
         MAGRPOTrainer(env=make("ClimbingGame-v0"), policies=policies, args=MAGRPOConfig(num_agents=3, num_turns=1))
 
 
-# --- evaluation (SPEC.md §5) ------------------------------------------------------------------------
+# --- evaluation (docs/algorithms.md §5) ------------------------------------------------------------------------
 
 
 def scripted_ledger_trainer(**kwargs):

@@ -1,4 +1,4 @@
-"""Learning end to end, in seconds: tabular policies on the matrix games (SPEC.md §2, §3.7).
+"""Learning end to end, in seconds: tabular policies on the matrix games (docs/algorithms.md §2, §3.7).
 
 Every test trains 5 seeds and asserts a success count; run with ``-s`` to see the curves (mean
 training reward every few epochs), the joint action found and the final probabilities.
@@ -15,7 +15,7 @@ Measured, and why the settings are what they are:
   lr 0.3, 2/5 at lr 0.05). In joint_mode="cross" each answer is scored against all K partner
   answers, so alpha's higher payoff shows inside every group: 5/5 for all four learners.
 - climbing and penalty games with the default cross_aggregation="sum": the agents coordinate on
-  a joint action quickly, but (as SPEC.md §3.7 says) not on the optimum: climbing typically
+  a joint action quickly, but (as docs/algorithms.md §3.7 says) not on the optimum: climbing typically
   ends at (beta, gamma) = 6 or (gamma, gamma) = 5, penalty at (beta, beta) = 2 or at an optimum.
 - cross_aggregation="max" (optimistic credit) reaches (alpha, alpha) of the climbing game and an
   optimum of the penalty game.

@@ -1,4 +1,4 @@
-"""Training real (tiny) language models with the MAREINFORCE family (SPEC.md §4, §6).
+"""Training real (tiny) language models with the MAREINFORCE family (docs/algorithms.md §4, §6).
 
 * The loss of one node equals -mean_k(A_k · Σ_t log p(token_t)) computed by hand, one plain
   forward pass per answer, for answers of different lengths (eos included, padding excluded).
@@ -97,7 +97,7 @@ def snapshot(policy):
     return {name: p.detach().clone() for name, p in policy.named_parameters()}
 
 
-# --- the loss (SPEC.md §4) --------------------------------------------------------------------
+# --- the loss (docs/algorithms.md §4) --------------------------------------------------------------------
 
 
 def hand_answer_log_prob(model, prompt_ids, answer_ids, temperature):
@@ -199,7 +199,7 @@ def test_per_token_mean_reduction_divides_by_answer_length(model_dir):
     assert trainer.logger.history[-1][1]["train/agent_0/loss"] == pytest.approx(sum(expected) / 2, abs=1e-5)
 
 
-# --- one step changes everything; KL and the frozen reference (SPEC.md §6) ------------------
+# --- one step changes everything; KL and the frozen reference (docs/algorithms.md §6) ------------------
 
 
 def test_one_training_step_changes_every_parameter_of_every_agent(model_dir):

@@ -1,4 +1,4 @@
-"""K-branch rollout trees against a scenario computed by hand (SPEC.md §3, DESIGN.md RolloutNode).
+"""K-branch rollout trees against a scenario computed by hand (docs/algorithms.md §3, DESIGN.md RolloutNode).
 
 The scenario ("Arith"): agents a and b, answers are integers written as text.
 

@@ -1,4 +1,4 @@
-"""Algorithm math as small pure functions, registered by name (SPEC.md §2, §3.6-3.7, §6).
+"""Algorithm math as small pure functions, registered by name (docs/algorithms.md §2, §3.6-3.7, §6).
 
 Every function works on plain lists or tensors and knows nothing about models or environments,
 so each can be checked against numbers computed by hand.
@@ -80,7 +80,7 @@ def group_advantages(
 
 
 def discounted_return(reward: float, child_returns: Sequence[float] | None, discount: float) -> float:
-    """G = r at a leaf; G = r + gamma * mean(child returns) at an inner node (SPEC.md §3.6)."""
+    """G = r at a leaf; G = r + gamma * mean(child returns) at an inner node (docs/algorithms.md §3.6)."""
     if not child_returns:
         return float(reward)
     return float(reward) + discount * sum(child_returns) / len(child_returns)
@@ -102,7 +102,7 @@ CROSS_AGGREGATORS: dict[str, Callable[[list[float]], float]] = {
 def agent_returns(
     joint: Sequence[Sequence[int]], returns: Sequence[float], position: int, num_answers: int, how: str = "sum"
 ) -> list[float]:
-    """Per-answer returns of the agent at ``position`` (SPEC.md §3.7).
+    """Per-answer returns of the agent at ``position`` (docs/algorithms.md §3.7).
 
     Answer k gets the ``how`` ("sum", "mean", "max") of the returns of every joint action that
     contains it. In aligned mode each answer is in exactly one joint action, so it gets that
@@ -137,7 +137,7 @@ def sample_losses(log_probs: torch.Tensor, advantages: torch.Tensor, sizes: Sequ
 
 
 def policy_gradient_loss(log_probs: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:
-    """Mean over samples of mean over their K answers of -A_k log pi(answer_k) (SPEC.md §4).
+    """Mean over samples of mean over their K answers of -A_k log pi(answer_k) (docs/algorithms.md §4).
 
     ``log_probs`` and ``advantages`` have shape [samples, K].
     """

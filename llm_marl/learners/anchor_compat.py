@@ -1,4 +1,4 @@
-"""The Hugging Face-compatible trainer constructor of the anchor library (SPEC.md §7).
+"""The Hugging Face-compatible trainer constructor of the anchor library (docs/algorithms.md §7).
 
 A script written for CoMLRL's ``MAGRPOTrainer(agent_model=..., reward_func=..., formatters=...,
 train_dataset=..., args=...)`` runs here after changing only its imports. The keywords are turned

@@ -1,4 +1,4 @@
-"""Training samples and per-agent rollout buffers (SPEC.md §3.8, §4).
+"""Training samples and per-agent rollout buffers (docs/algorithms.md §3.8, §4).
 
 Every (node, agent) pair of a rollout tree becomes one :class:`Sample`: the agent's observation,
 its K answers, their K per-agent returns (less the reference-KL penalty, if any) and the K

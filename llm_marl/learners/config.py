@@ -1,4 +1,4 @@
-"""Hyperparameters of the MAREINFORCE family (SPEC.md §6), one dataclass field each.
+"""Hyperparameters of the MAREINFORCE family (docs/algorithms.md §6), one dataclass field each.
 
 The four configs share every field and differ only in the default ``advantage_mode``. Fields
 beyond the specification follow Hugging Face ``TrainingArguments`` names where one exists
@@ -38,7 +38,7 @@ class MAGRPOConfig:
     min_generations: ClassVar[int] = 2
     """The smallest num_generations allowed (a group baseline needs two answers)."""
 
-    # --- the specification's fields (SPEC.md §6) ---
+    # --- the specification's fields (docs/algorithms.md §6) ---
     num_agents: int = 2
     """Number of agents; must match the trainer's agents."""
     num_turns: int = 2
@@ -106,7 +106,7 @@ class MAGRPOConfig:
     save_total_limit: int | None = 2
     """Keep at most this many checkpoints (oldest deleted first); None keeps all."""
     logprob_reduction: str = "sum"
-    """log pi(answer): "sum" over its tokens (SPEC.md §4) or their "mean" (length-normalized)."""
+    """log pi(answer): "sum" over its tokens (docs/algorithms.md §4) or their "mean" (length-normalized)."""
     max_grad_norm: float | None = None
     """Clip each agent's gradient norm to this before the step; None disables clipping."""
     weight_decay: float = 0.0

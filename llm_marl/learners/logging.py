@@ -4,7 +4,7 @@ Metric names (``k`` is the 1-based turn, ``A`` an agent name):
 
 ==================================  ===========================================================
 ``train/turn_k/reward_mean``        mean immediate reward of the rollout nodes at turn k
-``train/turn_k/expected_return``    mean return of those nodes' joint actions (SPEC.md §3.6)
+``train/turn_k/expected_return``    mean return of those nodes' joint actions (docs/algorithms.md §3.6)
 ``train/A/loss``                    policy-gradient loss of agent A (mean over its optimizer steps)
 ``train/A/grad_norm``               gradient norm before clipping
 ``train/A/advantage_mean``          mean advantage of A's samples (0 when normalized)

@@ -1,4 +1,4 @@
-"""The MAREINFORCE family of learners: MAGRPO, MAREINFORCE, MARLOO, MAReMax (SPEC.md).
+"""The MAREINFORCE family of learners: MAGRPO, MAREINFORCE, MARLOO, MAReMax (docs/algorithms.md).
 
 The training loop, top to bottom::
 
@@ -17,7 +17,7 @@ The four trainers differ only in their config's default ``advantage_mode``. A tr
 either env-native — ``MAGRPOTrainer(env=..., policies=..., args=..., eval_env=None)`` where env is
 a ``pettingzoo.ParallelEnv`` (or a zero-argument factory) and policies a dict agent -> Policy or
 a list in agent order — or with the Hugging Face-compatible keywords of the anchor library
-(``agent_model``/``agents``, ``reward_func``, ``formatters``, ... see SPEC.md §7), which build a
+(``agent_model``/``agents``, ``reward_func``, ``formatters``, ... see docs/algorithms.md §7), which build a
 :class:`~llm_marl.tasks.FunctionTask` and a :class:`~llm_marl.envs.DialogueEnv` internally.
 """
 

@@ -1,4 +1,4 @@
-"""K-branch rollout trees (SPEC.md §3).
+"""K-branch rollout trees (docs/algorithms.md §3).
 
 One tree per dataset item; a node is one turn of one branch. Trees grow level by level: at each
 depth every agent makes ONE policy call over the observations of all open nodes of all trees,
@@ -73,7 +73,7 @@ class RolloutNode:
         return list(self.completions)
 
     def agent_returns(self, agent: str) -> list[float]:
-        """K per-answer returns of ``agent`` (SPEC.md §3.7)."""
+        """K per-answer returns of ``agent`` (docs/algorithms.md §3.7)."""
         position = self.agents.index(agent)
         return agent_returns(self.joint, self.returns, position, len(self.completions[agent]), self.cross_aggregation)
 
@@ -298,7 +298,7 @@ def grow_trees(
 def collect_trees(
     env: ParallelEnv, policies: Mapping[str, Policy], indices: Sequence[int], args: Any, *, seed: int | None = None
 ) -> list[RolloutNode]:
-    """One rollout tree per dataset index, shaped by a learner config (SPEC.md §3).
+    """One rollout tree per dataset index, shaped by a learner config (docs/algorithms.md §3).
 
     Uses ``args.num_generations`` (K), ``num_turns``, ``joint_mode``, ``cross_aggregation``,
     ``early_termination_threshold``, ``discount`` and ``reward_error_policy``; ``seed`` keys the

@@ -1,6 +1,6 @@
 """A policy backed by any Hugging Face causal language model (``AutoModelForCausalLM``).
 
-Sampling and scoring are the two halves the learners need (SPEC.md §4). This class holds the
+Sampling and scoring are the two halves the learners need (docs/algorithms.md §4). This class holds the
 settings, the tokenizer and the model; the work is done by two units behind one seam —
 :mod:`~llm_marl.policies.sampling` (decode loop, cache handling, draws) and
 :mod:`~llm_marl.policies.scoring` (log-probs), both of which reach the model only through a

@@ -1,0 +1,32 @@
+"""The documentation's code runs: every Python block of docs/writing_a_task.md, in order, in one
+namespace (the task, its registration, the menu, PettingZoo's checks including render_test)."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+def python_blocks(path: Path) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", path.read_text(), flags=re.S | re.M)
+
+
+def test_writing_a_task_blocks_run_in_order():
+    blocks = python_blocks(DOCS / "writing_a_task.md")
+    assert any("render_test(aec_env" in block for block in blocks)
+    namespace: dict = {}
+    for block in blocks:
+        exec(compile(block, "docs/writing_a_task.md", "exec"), namespace)
+    assert namespace["Digits"].menu == ("apple", "river", "pear")
+
+
+def test_algorithms_doc_has_every_section_the_code_cites():
+    text = (DOCS / "algorithms.md").read_text()
+    cited = set()
+    root = DOCS.parent
+    for path in [*root.glob("llm_marl/**/*.py"), *root.glob("tests/*.py"), root / "README.md"]:
+        cited |= set(re.findall(r"algorithms\.md §(\d+(?:\.\d+)?)", path.read_text()))
+    headings = set(re.findall(r"^#{2,3} (\d+(?:\.\d+)?)\.? ", text, flags=re.M))
+    assert cited and cited <= headings, cited - headings
