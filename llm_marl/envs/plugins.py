@@ -41,7 +41,7 @@ def load_entry_points() -> list[str]:
     added = []
     for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         if entry.name not in registry._REGISTRY:
-            registry.register(entry.name, entry.value)
+            _register_entry_point(entry.name, entry.value)
             added.append(entry.name)
     return added
 
@@ -53,7 +53,7 @@ def find(env_id: str) -> None:
     if env_id in registry._REGISTRY:
         return
     if ":" in env_id:
-        registry.register(env_id, env_id)
+        _register_entry_point(env_id, env_id)
         return
     load_entry_points()
     if env_id not in registry._REGISTRY:
@@ -67,3 +67,22 @@ def unknown_message(env_id: str, known: list[str]) -> str:
         "(--env package.module:factory), by importing the module that registers it (--import module), or by "
         f"an installed package's {ENTRY_POINT_GROUP!r} entry points"
     )
+
+
+def _register_entry_point(env_id: str, value: str) -> None:
+    """Register the entry point ``value`` ("module:attr") under ``env_id``."""
+    from llm_marl.envs import registry
+
+    if hasattr(registry, "resolve"):  # a registry that imports entry points itself, lazily
+        registry.register(env_id, value)
+        return
+    import importlib
+
+    module, _, attr = value.partition(":")
+    try:
+        target = importlib.import_module(module)
+        for part in attr.split("."):
+            target = getattr(target, part)
+    except (ImportError, AttributeError) as exc:
+        raise UnknownEnvError(f"env {env_id!r}: cannot load entry point {value!r} ({exc})") from None
+    registry.register(env_id, target)
