@@ -284,9 +284,10 @@ class MAGRPOTrainer:
         saved = checkpoint.run_id_of(path)
         if held is not None and saved is not None and saved != held["run_id"]:
             raise run_folder.RunFolderError(f"{path} belongs to run {saved}, but {out} holds run {held['run_id']}")
-        if held is None and self.dist.is_main:
+        if held is None:  # a folder from before run identities, or a checkpoint from elsewhere
             held = run_folder.new_identity(self.args, run_id=saved)
-            run_folder.write_identity(out, held)
+            if self.dist.is_main:
+                run_folder.write_identity(out, held)
         self.run_id = held["run_id"]
         return path
 
