@@ -1,0 +1,97 @@
+"""Run folders in Python: the trainer refuses a folder holding another run, moves it aside on
+overwrite_output_dir, resumes only its own run, never lets a checkpoint silently replace another
+run's, and stops on SIGINT/SIGTERM with a checkpoint."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+
+import pytest
+
+from llm_marl import MAGRPOConfig, MAGRPOTrainer, TabularPolicy, make
+from llm_marl.learners import checkpoint
+from llm_marl.learners.interrupt import TrainingInterrupted
+from llm_marl.learners.run_folder import RunFolderError
+
+
+def trainer(out, **overrides):
+    settings = dict(num_turns=1, num_train_epochs=3, agent_learning_rate=0.3, eval_interval=0, progress_bar=False,
+                    early_termination_threshold=None, output_dir=str(out))
+    settings.update(overrides)
+    menu = ["alpha", "beta", "gamma"]
+    return MAGRPOTrainer(env=make("ClimbingGame-v0"), policies=[TabularPolicy(menu), TabularPolicy(menu)],
+                         args=MAGRPOConfig(**settings))
+
+
+def digest(folder):
+    return {os.path.relpath(os.path.join(root, name), folder): hashlib.sha256(open(os.path.join(root, name), "rb").read()).hexdigest()
+            for root, _, names in os.walk(folder) for name in names}
+
+
+def test_a_second_run_is_refused_and_overwrite_moves_the_first_aside(tmp_path):
+    out = tmp_path / "run"
+    first = trainer(out)
+    first.train()
+    before = digest(out)
+    with pytest.raises(RunFolderError, match=rf"output folder {out} is not empty \(it holds run {first.run_id}"):
+        trainer(out).train()
+    assert digest(out) == before
+    first.train()  # the same trainer training again continues its own run: no refusal
+    before = digest(out)
+    second = trainer(out, overwrite_output_dir=True)
+    second.train()
+    [aside] = [p for p in tmp_path.iterdir() if p.name.startswith("run.replaced-")]
+    assert digest(aside) == before and second.run_id != first.run_id
+    assert json.load(open(out / "run.json"))["run_id"] == second.run_id
+
+
+def test_resume_checks_the_config_and_picks_the_run_s_own_newest_checkpoint(tmp_path):
+    out, other = tmp_path / "run", tmp_path / "other"
+    trainer(out, save_steps=1, save_total_limit=None).train()
+    trainer(other, num_train_epochs=5, seed=3).train()
+    os.rename(other / "checkpoint-5", out / "checkpoint-5")  # a higher step, from another run
+    with pytest.raises(RunFolderError, match=r"this config differs .*agent_learning_rate: 0.3 -> 0.2"):
+        trainer(out, agent_learning_rate=0.2).train(resume_from_checkpoint=True)
+    resumed = trainer(out, num_train_epochs=4)
+    own = json.load(open(out / "run.json"))["run_id"]
+    assert checkpoint.resolve(True, str(out), own) == str(out / "checkpoint-3")
+    state = resumed.train(resume_from_checkpoint=True)
+    assert state.global_step == 4  # 3 of its own + 1 (checkpoint-5 would have given 5)
+    assert (out / "checkpoint-5").exists()
+
+
+def test_a_checkpoint_of_another_run_is_moved_aside_not_replaced(tmp_path):
+    out = tmp_path / "run"
+    trainer(out).train()
+    foreign = digest(out / "checkpoint-3")
+    intruder = trainer(tmp_path / "elsewhere")
+    intruder.train()
+    intruder.args.output_dir = str(out)
+    with pytest.warns(UserWarning, match=r"checkpoint-3 belonged to another run; moved it aside"):
+        checkpoint.save(intruder)
+    [aside] = [p for p in out.iterdir() if p.name.startswith("checkpoint-3.replaced-")]
+    assert digest(aside) == foreign
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_stops_after_the_batch_with_a_checkpoint(tmp_path, signum, code):
+    run = trainer(tmp_path / "run", num_train_epochs=6)
+    original = run.env.task.rewards
+    calls = []
+
+    def rewards(item, joint_actions, history):
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signum)
+        return original(item, joint_actions, history)
+
+    run.env.task.rewards = rewards
+    with pytest.raises(TrainingInterrupted) as stop:
+        run.train()
+    assert stop.value.exit_code == code and stop.value.checkpoint == str(tmp_path / "run" / "checkpoint-2")
+    assert run.state.batch_step == 2 and len(calls) == 2
+    assert signal.getsignal(signum) is not None and signal.getsignal(signum) != run  # handlers restored
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
