@@ -296,6 +296,8 @@ def _make_env(env_id: str, split: str | None, num_turns: int | None) -> Any:
         env = make(env_id, **kwargs)
     except UnknownEnvError as exc:
         raise UsageError(str(exc)) from None
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"--env {env_id}: {exc}") from None
     except TypeError as exc:
         if num_turns is not None and "num_turns" in str(exc):
             raise UsageError(

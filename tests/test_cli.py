@@ -170,3 +170,9 @@ def test_eval_of_a_saved_policy_uses_its_saved_sampling_settings(tmp_path, capsy
     out = capsys.readouterr().out
     assert f"row: model {tmp_path / 'run' / 'final' / 'agent_0'} (max_new_tokens=5, temperature=0.9" in out
     assert f"column: model {tmp_path / 'run' / 'final' / 'agent_1'}" in out
+
+
+def test_an_entry_point_that_does_not_import_is_a_usage_error(capsys):
+    assert main(["train", "--env", "no_such_pkg_xyz.tasks:Guess"]) == 2
+    err = capsys.readouterr().err
+    assert "--env no_such_pkg_xyz.tasks:Guess: cannot import module 'no_such_pkg_xyz.tasks'" in err

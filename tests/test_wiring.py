@@ -1,5 +1,5 @@
 """The trainer wires the config into the math: advantage mode and normalization reach the
-update, and the reference-KL penalty reaches the returns with its sign (SPEC.md §3.8, §4, §6).
+update, and the reference-KL penalty reaches the returns with its sign (docs/algorithms.md §3.8, §4, §6).
 
 The probe: each agent answers "0", "1", "2" (K = 3) in the aligned mode, the shared reward of
 joint answer (k, k) is PAYOUT[k] = 1, 2, 6, and ``log pi(answer k) = theta[k]``, one parameter

@@ -22,6 +22,7 @@ A module that calls ``register`` is loaded before lookup with ``llm-marl train -
 from __future__ import annotations
 
 import importlib.metadata
+import warnings
 
 ENTRY_POINT_GROUP = "llm_marl.envs"
 """The entry-point group in which installed packages declare env ids."""
@@ -41,7 +42,11 @@ def load_entry_points() -> list[str]:
     added = []
     for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
         if entry.name not in registry._REGISTRY:
-            _register_entry_point(entry.name, entry.value)
+            try:
+                _register_entry_point(entry.name, entry.value)
+            except UnknownEnvError as exc:
+                warnings.warn(f"skipping the {ENTRY_POINT_GROUP} entry point {entry.name} of {entry.dist.name if entry.dist else '?'}: {exc}")
+                continue
             added.append(entry.name)
     return added
 
@@ -70,19 +75,10 @@ def unknown_message(env_id: str, known: list[str]) -> str:
 
 
 def _register_entry_point(env_id: str, value: str) -> None:
-    """Register the entry point ``value`` ("module:attr") under ``env_id``."""
+    """Register the entry point ``value`` ("module:attr", imported when the env is made) under ``env_id``."""
     from llm_marl.envs import registry
 
-    if hasattr(registry, "resolve"):  # a registry that imports entry points itself, lazily
-        registry.register(env_id, value)
-        return
-    import importlib
-
-    module, _, attr = value.partition(":")
     try:
-        target = importlib.import_module(module)
-        for part in attr.split("."):
-            target = getattr(target, part)
-    except (ImportError, AttributeError) as exc:
-        raise UnknownEnvError(f"env {env_id!r}: cannot load entry point {value!r} ({exc})") from None
-    registry.register(env_id, target)
+        registry.register(env_id, value)
+    except ValueError as exc:
+        raise UnknownEnvError(f"{exc}") from None

@@ -25,6 +25,9 @@ string::
     register("Guess-v0", "my_package.guess:Guess")            # the same, imported at make time
     register("Guess-v0", lambda **kw: DialogueEnv(Guess(), **kw))  # an environment factory
 
+``make("my_package.guess:Guess")`` works without registering, and installed packages can
+declare ids in the ``llm_marl.envs`` entry-point group (:mod:`llm_marl.envs.plugins`).
+
 Every id is also registered with PettingZoo's own registry (``pettingzoo.make("parallel", id)``)
 when the installed PettingZoo has one; it builds the env through :func:`make`.
 """
@@ -101,9 +104,13 @@ def register(
 
 
 def spec(env_id: str) -> EnvSpec:
-    """The :class:`EnvSpec` registered as ``env_id``."""
+    """The :class:`EnvSpec` registered as ``env_id``; an unregistered ``"module:attr"`` string or
+    an id an installed package declares (``llm_marl.envs`` entry points) is registered first
+    (plugins.py). Unknown ids raise :class:`~llm_marl.envs.plugins.UnknownEnvError` (a KeyError)."""
     if env_id not in _REGISTRY:
-        raise KeyError(f"unknown environment id {env_id!r}; registered: {', '.join(sorted(_REGISTRY))}")
+        from llm_marl.envs.plugins import find
+
+        find(env_id)
     return _REGISTRY[env_id]
 
 
