@@ -419,6 +419,8 @@ def cmd_train(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     if ns.resume is not None:
         resume = True if ns.resume == "latest" else ns.resume
     out = options.get("output_dir")
+    if isinstance(resume, str) and not out:
+        out = options["output_dir"] = os.path.dirname(os.path.abspath(resume))  # the checkpoint's run folder
     if resume and not out:
         raise UsageError("--resume needs the run folder: give --output_dir RUN (or output_dir in the --config file)")
     if not out:
