@@ -188,7 +188,7 @@ def _load_yaml(path: str) -> dict[str, Any]:
 def _check_keys(keys: Sequence[str], config_class: type, source: str) -> None:
     import difflib
 
-    known = set(config_class.field_names()) | set(RUN_KEYS)
+    known = {f.name for f in dataclasses.fields(config_class)} | set(RUN_KEYS)
     unknown = sorted(set(keys) - known)
     if unknown:
         close = {k: difflib.get_close_matches(k, known, n=1) for k in unknown}
@@ -250,7 +250,7 @@ def build_trainer(options: dict[str, Any], explicit: set[str] | None = None) -> 
     from llm_marl.learners.config_types import coerce_mapping
 
     config_class, trainer_class = learner_classes(options.get("learner", "magrpo"))
-    fields = set(config_class.field_names())
+    fields = {f.name for f in dataclasses.fields(config_class)}
     _check_keys(list(options), config_class, "options")
     if not options.get("env"):
         raise UsageError("--env is required (see `llm-marl list`)")

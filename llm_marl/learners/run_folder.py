@@ -23,6 +23,7 @@ is never refused.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -57,7 +58,7 @@ class RunFolderError(ValueError):
 
 def identity_config(args: Any) -> dict[str, Any]:
     """The config fields that define a run (JSON values), i.e. all but :data:`RESUMABLE_FIELDS`."""
-    fields = json.loads(json.dumps(args.to_dict(), default=str))
+    fields = json.loads(json.dumps(dataclasses.asdict(args), default=str))
     return {k: v for k, v in sorted(fields.items()) if k not in RESUMABLE_FIELDS}
 
 
