@@ -220,8 +220,13 @@ def test_second_ctrl_c_stops_at_once(tmp_path):
 @pytest.mark.parametrize("args, words", [
     (["train", "--env", "ClimbingGame-v0", "--policy", "lm", "--model", "/nonexistent"], "--model /nonexistent: no such folder"),
     (["plot", "runs/typo"], "no such run folder: runs/typo"),
-])
-def test_errors_are_one_line_with_exit_status_2(args, words):
-    result = run(args)
+    (["train", "--env", "ClimbingGame-v0", "--actions", ""], "--actions '': give a comma-separated menu of non-empty answers"),
+    (["train", "--env", "ClimbingGame-v0", "--train-items", "0"], "--train-items must be an int >= 1"),
+    (["train", "--env", "ClimbingGame-v0", "--resume", "--output_dir", "{tmp}"], "nothing to resume in {tmp}: it holds no checkpoint"),
+    (["train", "--env", "cli_envs:make_sum_target", "--num_turns", "2"], "--num_turns 2: the factory of env cli_envs:make_sum_target does not take num_turns"),
+], ids=["model", "plot", "actions", "train-items", "resume", "num_turns"])
+def test_errors_are_one_line_with_exit_status_2(tmp_path, args, words):
+    result = run([a.replace("{tmp}", str(tmp_path)) for a in args], cwd=tmp_path)
+    words = words.replace("{tmp}", str(tmp_path))
     assert result.returncode == 2
     assert words in result.stderr and len(result.stderr.strip().splitlines()) == 1

@@ -30,3 +30,9 @@ def test_algorithms_doc_has_every_section_the_code_cites():
         cited |= set(re.findall(r"algorithms\.md §(\d+(?:\.\d+)?)", path.read_text()))
     headings = set(re.findall(r"^#{2,3} (\d+(?:\.\d+)?)\.? ", text, flags=re.M))
     assert cited and cited <= headings, cited - headings
+
+
+def test_user_facing_text_cites_no_spec_outside_the_repository():
+    root = DOCS.parent
+    for path in [*root.glob("llm_marl/**/*.py"), root / "README.md", *DOCS.glob("*.md")]:
+        assert not re.search(r"(?<![-\w])SPEC\.md", path.read_text()), f"{path} cites SPEC.md (use docs/algorithms.md)"
