@@ -552,11 +552,11 @@ def cmd_list(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     print("environments:")
     for env_id in registered_ids():
         print(f"  {env_id}")
-    print("  (custom: --env package.module:factory, --import MODULE, or an installed package's llm_marl.envs entry points)")
     print("learners:")
     for key, prefix in LEARNERS.items():
         print(f"  {key:<12} {prefix}Trainer / {prefix}Config")
     print("policies:\n  tabular      TabularPolicy over the task's menu (or --actions)\n  lm           CausalLMPolicy (--model PATH, or 'tiny')")
+    print("custom environments: --env package.module:factory, --import MODULE, or an installed package's llm_marl.envs entry points")
     return 0
 
 
