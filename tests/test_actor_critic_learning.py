@@ -136,7 +136,7 @@ def test_every_learner_coordinates_on_one_shot_and_repeated_games(learner, name,
 @pytest.mark.slow
 @pytest.mark.parametrize("learner", ["iac", "maac"])
 def test_climbing_game_improves_without_reaching_the_guarded_optimum(learner):
-    # Average-based critics settle on the safe cells (relative overgeneralization, as SPEC.md
+    # Average-based critics settle on the safe cells (relative overgeneralization, as docs/algorithms.md
     # §3.7 describes for the REINFORCE family): the value beats the control, coordination varies.
     check(learner, "Climbing", 1, 30, coordinate=False, **FAST)
 
