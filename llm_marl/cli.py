@@ -616,7 +616,7 @@ def parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
     description = (
         f"Train agents. Config class: {config_class.__name__} (--learner {learner}; fields documented in "
-        "llm_marl/learners/config.py). Every field is a flag and a --config YAML key."
+        f"{config_class.__module__.replace('.', '/')}.py). Every field is a flag and a --config YAML key."
     )
     usage = "%(prog)s [--env ID | --config YAML] [--policy tabular|lm] [--learner NAME] [--FIELD VALUE ...]"
     train = commands.add_parser("train", allow_abbrev=False, help="train agents (no arguments: the embedded default run)", description=description, usage=usage + " [--resume | --overwrite]")
