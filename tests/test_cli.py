@@ -12,6 +12,20 @@ from llm_marl.cli import main
 
 torch.set_num_threads(1)
 
+
+@pytest.fixture(autouse=True)
+def scratch_registry(monkeypatch):
+    """Env ids registered by a test here (custom envs, docs examples) vanish afterwards."""
+    import pettingzoo
+
+    from llm_marl.envs import registry
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    before = set(getattr(pettingzoo, "parallel_registry", {}))
+    yield
+    for env_id in set(getattr(pettingzoo, "parallel_registry", {})) - before:
+        del pettingzoo.parallel_registry[env_id]
+
 CLIMB = [
     "--env", "ClimbingGame-v0", "--policy", "tabular", "--learner", "magrpo",
     "--num_turns", "1", "--joint_mode", "cross", "--cross-aggregation", "max",

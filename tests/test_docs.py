@@ -6,7 +6,23 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
+
 DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+@pytest.fixture(autouse=True)
+def scratch_registry(monkeypatch):
+    """Env ids registered by a test here (custom envs, docs examples) vanish afterwards."""
+    import pettingzoo
+
+    from llm_marl.envs import registry
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    before = set(getattr(pettingzoo, "parallel_registry", {}))
+    yield
+    for env_id in set(getattr(pettingzoo, "parallel_registry", {})) - before:
+        del pettingzoo.parallel_registry[env_id]
 
 
 def python_blocks(path: Path) -> list[str]:
