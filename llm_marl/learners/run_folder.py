@@ -77,9 +77,14 @@ def read_identity(output_dir: str) -> dict[str, Any] | None:
         return json.load(f)
 
 
+OWN_ENTRIES = frozenset({"wandb"})
+"""Entries a trainer makes in its output_dir when it is built, before training claims the folder
+(W&B's run files with ``report_to="wandb"``); alone they do not make a folder "used"."""
+
+
 def is_empty(output_dir: str) -> bool:
-    """True when ``output_dir`` is missing or holds nothing."""
-    return not os.path.isdir(output_dir) or not os.listdir(output_dir)
+    """True when ``output_dir`` is missing or holds nothing but :data:`OWN_ENTRIES`."""
+    return not os.path.isdir(output_dir) or not set(os.listdir(output_dir)) - OWN_ENTRIES
 
 
 def refusal(output_dir: str) -> str:
