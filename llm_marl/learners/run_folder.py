@@ -77,9 +77,10 @@ def read_identity(output_dir: str) -> dict[str, Any] | None:
         return json.load(f)
 
 
-OWN_ENTRIES = frozenset({"wandb"})
-"""Entries a trainer makes in its output_dir when it is built, before training claims the folder
-(W&B's run files with ``report_to="wandb"``); alone they do not make a folder "used"."""
+OWN_ENTRIES = frozenset({"wandb", "rollouts"})
+"""Entries a trainer makes in its output_dir before training claims the folder — W&B's run
+files (``report_to="wandb"``, made when the trainer is built) and the rollouts an evaluation
+before training records — so alone they do not make a folder "used"."""
 
 
 def is_empty(output_dir: str) -> bool:
