@@ -431,6 +431,8 @@ def cmd_train(ns: argparse.Namespace, argv: Sequence[str]) -> int:
         if resume:
             raise UsageError("--overwrite starts a new run and --resume continues one: give one of them")
         options["overwrite_output_dir"] = True
+        if not run_folder.is_empty(out):  # now, before the evaluation that precedes training writes anything
+            print(f"llm-marl: moved the previous contents of {out} aside to {run_folder.move_aside(out)}")
     if not resume and not options.get("overwrite_output_dir") and not run_folder.is_empty(out):
         raise UsageError(run_folder.refusal(out))
     if resume is True and not checkpoint.list_checkpoints(out):

@@ -30,7 +30,7 @@ Schema (``version`` 1) of one line::
             "agents": {agent: {
                 "completions": [{"text", "tokens" (token count, or null without token ids),
                                  "action" (menu index or null)}, ...],   # the K answers
-                "returns": per-answer returns (SPEC.md §3.7),
+                "returns": per-answer returns (docs/algorithms.md §3.7),
                 "kl": per-answer reference KL or null,
                 "penalized_returns": returns - coef * kl (what the baseline saw) or null,
                 "advantages_baseline": after the baseline, before normalization (null in eval
