@@ -339,6 +339,8 @@ def _make_policies(options: dict[str, Any], env: Any, args: Any, explicit: set[s
 
         hf_logging.disable_progress_bar()
 
+        if args.lora_r is not None:
+            return _adapter_team(options.get("model") or "tiny", env, args)
         policies = []
         for agent, path in zip(env.possible_agents, _model_paths(options.get("model") or "tiny", env.possible_agents)):
             saved = path != "tiny" and os.path.isfile(os.path.join(path, SETTINGS_FILE))
@@ -393,6 +395,31 @@ def _model_paths(model: Any, agents: Sequence[str]) -> list[str]:
         if path != "tiny" and local and not os.path.exists(os.path.expanduser(path)):
             raise UsageError(f"--model {path}: no such folder (give a model folder, a hub id such as gpt2, or 'tiny')")
     return paths
+
+
+def _adapter_team(model: Any, env: Any, args: Any) -> list[Any]:
+    """``--lora_r R``: every agent a LoRA adapter of one shared base (LoRATeam)."""
+    from llm_marl.policies.lora_team import LoRATeam
+
+    if isinstance(model, list) or "," in str(model):
+        raise UsageError(f"--lora_r: the agents are adapters of ONE base model; give one --model, not {model!r}")
+    team_options = dict(
+        r=args.lora_r,
+        alpha=args.lora_alpha,
+        target_modules=args.lora_target_modules,
+        gradient_checkpointing=args.gradient_checkpointing,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+    )
+    agents = list(env.possible_agents)
+    if model == "tiny":
+        from llm_marl.policies.tiny import build_tiny_model, default_model_dir
+
+        model = str(build_tiny_model(default_model_dir()))  # built on first use, then cached
+    team = LoRATeam.from_pretrained(model, agents, dtype=args.model_dtype, **team_options)
+    return [team.policies[agent] for agent in agents]
 
 
 def _samples(trainer: Any, count: int = 2) -> list[dict[str, str]]:

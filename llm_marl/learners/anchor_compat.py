@@ -37,6 +37,9 @@ Choices where the anchor library is silent or differs:
   ``(agent_completions_turns=, batch_items=, prompts=)``, or 1.4.0-1.4.2's
   ``(agent_completions_turns=, test_cases=, entry_points=, prompts=)`` when it names
   ``test_cases`` or ``entry_points`` (each item's ``"test"`` and ``"entry_point"``, "" if absent).
+- ``args.lora_r`` set: ``agent_model`` is loaded once and every agent is a LoRA adapter on it
+  (:class:`~llm_marl.policies.LoRATeam`, ``lora_alpha``, ``lora_target_modules``,
+  ``gradient_checkpointing``, ``model_dtype``); ``agents=`` (one model per agent) is refused.
 """
 
 from __future__ import annotations
@@ -125,6 +128,12 @@ def build_from_anchor_kwargs(
         raise ValueError(f"args.num_agents is {args.num_agents} but {count} agents were given")
     if agents is not None and num_agents is not None and num_agents != len(agents):
         raise ValueError(f"num_agents={num_agents} but agents= lists {len(agents)} models")
+    if getattr(args, "lora_r", None) is not None:
+        if agents is not None:
+            raise ValueError("args.lora_r makes the agents adapters of ONE base model: pass agent_model=, not agents=")
+        policies, tokenizers = _adapter_team(args, agent_model, tokenizer, count, model_config or {})
+        return _build(args, policies, tokenizers, count, train_dataset, eval_dataset, reward_func, reward_processor,
+                      formatters, external_transition, eval_logger, eval_aggregator)
     sources = list(agents) if agents is not None else [agent_model] * count
     if agents is not None:
         _check_distinct_models(sources)
@@ -148,6 +157,24 @@ def build_from_anchor_kwargs(
         )
         for i, (model, tok) in enumerate(zip(models, tokenizers))
     ]
+    return _build(args, policies, tokenizers, count, train_dataset, eval_dataset, reward_func, reward_processor,
+                  formatters, external_transition, eval_logger, eval_aggregator)
+
+
+def _build(
+    args: Any,
+    policies: list[Any],
+    tokenizers: list[Any],
+    count: int,
+    train_dataset: Any,
+    eval_dataset: Any,
+    reward_func: Callable[..., Any],
+    reward_processor: Callable[[float], float] | None,
+    formatters: Any,
+    external_transition: Any,
+    eval_logger: Any,
+    eval_aggregator: Any,
+) -> AnchorBuild:
     task = FunctionTask(
         reward_func,
         formatters if formatters is not None else _default_formatter,
@@ -244,6 +271,44 @@ def _check_distinct_models(sources: list[Any]) -> None:
                 f"agents[{j}] and agents[{i}] (agent_{j} and agent_{i}) are the same model object: they would "
                 f"train one set of weights; pass a copy per agent (copy.deepcopy), or agent_model= (copied per agent)"
             )
+
+
+def _adapter_team(
+    args: Any, agent_model: Any, tokenizer: Any, count: int, model_config: dict[str, Any]
+) -> tuple[list[Any], list[Any]]:
+    """``args.lora_r`` set: one base model (loaded once, never copied) and one LoRA adapter per
+    agent (:class:`~llm_marl.policies.LoRATeam`); every agent shares the base's tokenizer."""
+    from llm_marl.policies.lora_team import LoRATeam
+
+    if isinstance(tokenizer, (list, tuple)):
+        raise ValueError("args.lora_r: the agents share one base model, so pass one tokenizer, not a list")
+    [tok] = _tokenizers(tokenizer, [agent_model])
+    config = dict(model_config)
+    if getattr(args, "model_dtype", None) is not None:
+        config.setdefault("dtype", args.model_dtype)
+    base = _load_model(agent_model, 0, config, shared=False)
+    _add_special_tokens([base], [tok], model_config.get("special_tokens"))
+    devices = set(args.agent_devices or [None])
+    if len(devices) > 1:
+        raise ValueError(f"args.lora_r: the adapters share one base model on one device; agent_devices lists {sorted(devices)}")
+    team = LoRATeam.from_model(
+        base,
+        tok,
+        [f"agent_{i}" for i in range(count)],
+        r=args.lora_r,
+        alpha=args.lora_alpha,
+        target_modules=args.lora_target_modules,
+        gradient_checkpointing=args.gradient_checkpointing,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_batch_size=args.generation_batch_size,
+    )
+    device = devices.pop()
+    if device is not None:
+        team.to(device)
+    return list(team.policies.values()), [tok] * count
 
 
 def _tokenizers(tokenizer: Any, sources: list[Any]) -> list[Any]:

@@ -29,6 +29,7 @@ CROSS_AGGREGATIONS = ("sum", "mean", "max")
 PARALLEL_MODES = ("none", "mp")
 LOGPROB_REDUCTIONS = ("sum", "mean")
 ERROR_POLICIES = ("raise", "skip")
+MODEL_DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclass
@@ -118,6 +119,16 @@ class MAGRPOConfig:
     generation_batch_size: int | None = None
     """Drop-in constructor: at most this many sequences (prompts x answers) per sampling call and
     rows per scoring pass of each agent's model (CausalLMPolicy.max_batch_size); None: no cap."""
+    lora_r: int | None = None
+    """LoRA rank: the drop-in constructor and the CLI make the agents adapters of one frozen base (LoRATeam); None: full models."""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator (an adapter's update is scaled by lora_alpha / lora_r)."""
+    lora_target_modules: Sequence[str] | None = None
+    """Module names that get adapters (e.g. q_proj,v_proj); None: peft's default for the architecture."""
+    gradient_checkpointing: bool = False
+    """Adapter teams: recompute each layer in the backward pass instead of storing its activations."""
+    model_dtype: str | None = None
+    """Adapter teams: the base model's weight dtype (e.g. "bfloat16"); None: as saved."""
     reward_error_policy: str = "raise"
     """A task error while rolling out an item: "raise" stops training; "skip" drops the item, counts and logs it."""
     progress_bar: bool = True
@@ -136,9 +147,14 @@ class MAGRPOConfig:
         return self.rollout_buffer_size if self.train_batch_size is None else self.train_batch_size
 
     def normalize(self) -> None:
-        """Spell values canonically: "crossed" -> "cross", one device (a string or a one-entry list) -> one per agent."""
+        """Spell values canonically: "crossed" -> "cross", one device (a string or a one-entry list) -> one per agent;
+        "a,b" lora_target_modules -> ["a", "b"]."""
         if self.joint_mode == "crossed":
             self.joint_mode = "cross"
+        if isinstance(self.lora_target_modules, str):
+            self.lora_target_modules = [m for m in self.lora_target_modules.split(",") if m]
+        elif self.lora_target_modules is not None and not isinstance(self.lora_target_modules, list):
+            self.lora_target_modules = list(self.lora_target_modules)
         for name in ("agent_devices", "reference_devices"):
             devices = getattr(self, name)
             if isinstance(devices, str):
@@ -171,6 +187,11 @@ class MAGRPOConfig:
             _at_least(self, "generation_batch_size", 1)
         if self.max_steps is not None:
             _at_least(self, "max_steps", 1)
+        if self.lora_r is not None:
+            _at_least(self, "lora_r", 1)
+        _positive(self, "lora_alpha")
+        if self.model_dtype is not None and self.model_dtype not in MODEL_DTYPES:
+            raise ValueError(f"model_dtype must be None or one of {', '.join(MODEL_DTYPES)}; got {self.model_dtype!r}")
         if self.save_total_limit is not None:
             _at_least(self, "save_total_limit", 1)
         _one_of(self, "joint_mode", JOINT_MODES)

@@ -488,12 +488,13 @@ class MAGRPOTrainer:
         results: list[_Backward] = []
         others: list[tuple[str, torch.optim.Optimizer, _Backward]] = []
         try:
+            done = self._team_backward(step)  # each team of adapters: one forward, one backward
             if concurrent:
                 with ThreadPoolExecutor(max_workers=len(agents)) as pool:
-                    results = list(pool.map(lambda agent: self._backward(agent, step[agent]), agents))
+                    results = list(pool.map(lambda agent: self._backward(agent, step[agent], done.get(agent)), agents))
             else:
                 for agent in agents:  # stops at the first failure: the decision is the same on every rank
-                    results.append(self._backward(agent, step[agent]))
+                    results.append(self._backward(agent, step[agent], done.get(agent)))
                     if results[-1].error:
                         break
             failed = next((r.error for r in results if r.error), None)
@@ -528,10 +529,47 @@ class MAGRPOTrainer:
         together with the agents or not at all. None here; actor-critic learners: their critics."""
         return []
 
-    def _backward(self, agent: str, batch: list[Sample]) -> "_Backward":
+    def _local_loss(self, batch: list[Sample], log_probs: torch.Tensor, total: int) -> torch.Tensor:
+        """This rank's share of the mean sample loss of ``batch`` (``total`` samples on all ranks)."""
+        advantages = torch.tensor([a for s in batch for a in s.advantages], device=log_probs.device)
+        return sample_losses(log_probs, advantages, [len(s.completions) for s in batch]).sum() / total
+
+    def _team_backward(self, step: Mapping[str, list[Sample]]) -> dict[str, tuple[torch.Tensor, float | None]]:
+        """For the agents of each team of adapters in ``step`` (at least two with samples): their
+        answers scored in ONE forward, their finite losses back-propagated in ONE backward (each
+        reaches only its agent's adapter). Returns agent -> (local loss, mean log-prob).
+        Distributed runs score agents one by one (every rank then makes the same collective
+        calls in the same order, whichever agents have samples there)."""
+        done: dict[str, tuple[torch.Tensor, float | None]] = {}
+        if self.dist.enabled:
+            return done
+        with_samples = {agent: batch for agent, batch in step.items() if batch}
+        for group in _update_groups(self.policies, list(with_samples)):
+            if len(group) < 2:
+                continue
+            for agent in group:
+                self.optimizers[agent].zero_grad(set_to_none=True)
+            scored = _score_batches(self.policies, {a: with_samples[a] for a in group}, self.args.logprob_reduction)
+            finite = []
+            for agent in group:
+                local = self._local_loss(with_samples[agent], scored[agent], self.dist.sum(len(with_samples[agent])))
+                if torch.isfinite(local):
+                    finite.append(local)
+                done[agent] = (local, scored[agent].detach().mean().item())
+            if finite:
+                torch.stack([f.to(finite[0].device) for f in finite]).sum().backward()
+        return done
+
+    def _backward(
+        self, agent: str, batch: list[Sample], done: tuple[torch.Tensor, float | None] | None = None
+    ) -> "_Backward":
         """Gradient of the mean sample loss of ``batch`` (of the union of the ranks' batches) in
-        the agent's parameters, summed over ranks and clipped; nothing is stepped."""
+        the agent's parameters, summed over ranks and clipped; nothing is stepped. ``done``: the
+        loss and mean log-prob where the team's backward already ran (:meth:`_team_backward`)."""
         optimizer, params = self.optimizers[agent], self.trainable[agent]
+        if done is not None:  # back-propagated with its team: only sum over ranks, check and clip
+            local, log_prob_mean = done
+            return self._gradient(f"agent {agent!r}", params, local.detach(), batch, log_prob_mean)
         total = self.dist.sum(len(batch))
         optimizer.zero_grad(set_to_none=True)
         local = torch.zeros((), dtype=torch.float64)
@@ -580,6 +618,10 @@ class MAGRPOTrainer:
         devices = self.args.reference_devices
         for i, agent in enumerate(self.agents):
             policy = self.policies[agent]
+            own = getattr(policy, "reference_policy", None)
+            if own is not None:  # e.g. an adapter's base with adapters disabled: no copy
+                references[agent] = own()
+                continue
             reference = copy.deepcopy(policy)
             if devices is not None and hasattr(reference, "to"):
                 reference = reference.to(devices[i]) or reference
@@ -685,6 +727,43 @@ def episode_metrics(roots: Sequence[RolloutNode], num_turns: int, prefix: str) -
             metrics[f"{prefix}/turn_{t + 1}/reward_mean"] = float(np.mean(rewards[t]))
             metrics[f"{prefix}/turn_{t + 1}/expected_return"] = float(np.mean(returns[t]))
     return metrics
+
+
+def _update_groups(policies: Mapping[str, Policy], agents: Sequence[str]) -> list[list[str]]:
+    """Agents updated together: each team of adapters (policies sharing a ``team`` that scores
+    with ``log_probs(requests)``) is one group, every other agent its own, in agent order."""
+    groups: list[list[str]] = []
+    by_team: dict[int, list[str]] = {}
+    for agent in agents:
+        team = getattr(policies[agent], "team", None)
+        if team is None or not hasattr(team, "log_probs"):
+            groups.append([agent])
+        elif id(team) in by_team:
+            by_team[id(team)].append(agent)
+        else:
+            by_team[id(team)] = [agent]
+            groups.append(by_team[id(team)])
+    return groups
+
+
+def _score_batches(
+    policies: Mapping[str, Policy], batches: Mapping[str, list[Sample]], reduction: str
+) -> dict[str, torch.Tensor]:
+    """Each agent's log-probs of its batch's answers; a team's agents in one forward."""
+    requests = {
+        agent: ([s.observation for s in batch for _ in s.completions], [c for s in batch for c in s.completions])
+        for agent, batch in batches.items()
+        if batch
+    }
+    scored: dict[str, torch.Tensor] = {}
+    for group in _update_groups(policies, list(requests)):
+        team = getattr(policies[group[0]], "team", None)
+        if len(group) > 1 and team is not None:
+            scored.update(team.log_probs({agent: requests[agent] for agent in group}, reduction=reduction))
+        else:
+            for agent in group:
+                scored[agent] = policies[agent].log_probs(*requests[agent], reduction=reduction)
+    return scored
 
 
 def _instantiate(env: Any, name: str) -> ParallelEnv:

@@ -19,7 +19,9 @@ joint-action indices from the root), and policies whose ``sample`` accepts ``gen
 and the agent's position. A tree then depends only on the seed and its item, not on which other
 items were rolled out with it, in which order, or on which rank: batched and one-by-one rollouts
 give identical trees. Policies without ``generators=`` (language models sampling in one batched
-``generate``) use torch's global RNG.
+``generate``) use torch's global RNG. Agents of one team of adapters on a shared base
+(:class:`~llm_marl.policies.LoRATeam`) are asked together, once per depth: one decode loop
+whose rows carry their agent's adapter.
 
 Works on any ``pettingzoo.ParallelEnv``: envs without ``fork()`` are forked with
 ``copy.deepcopy``; envs without ``step_branches`` are stepped fork by fork. The env passed in is
@@ -111,6 +113,28 @@ def _sample(policy: Policy, observations: list[Any], num_samples: int, seeds: li
         generators = [torch.Generator().manual_seed(s) for s in seeds]
         return policy.sample(observations, num_samples, generators=generators)
     return policy.sample(observations, num_samples)
+
+
+def sample_agents(
+    policies: Mapping[str, Policy],
+    observations: Mapping[str, list[Any]],
+    num_samples: int,
+    seeds: Mapping[str, list[int | None]],
+) -> dict[str, list[list[Completion]]]:
+    """Every agent's answers to its observations. Agents whose policies belong to one team
+    (a ``team`` attribute with ``sample(requests, n)``, e.g. :class:`~llm_marl.policies.LoRATeam`)
+    are asked together, in one call; other agents are asked one by one, as before."""
+    answers: dict[str, list[list[Completion]]] = {}
+    teams: dict[int, tuple[Any, list[str]]] = {}
+    for agent in observations:
+        team = getattr(policies[agent], "team", None)
+        if team is not None and hasattr(team, "sample") and not _takes_generators(policies[agent]):
+            teams.setdefault(id(team), (team, []))[1].append(agent)
+        else:
+            answers[agent] = _sample(policies[agent], observations[agent], num_samples, seeds[agent])
+    for team, members in teams.values():
+        answers.update(team.sample({agent: observations[agent] for agent in members}, num_samples))
+    return {agent: answers[agent] for agent in observations}
 
 
 def fork_env(env: ParallelEnv) -> ParallelEnv:
@@ -237,15 +261,15 @@ def grow_trees(
                 raise ValueError(
                     f"item {open_node.node.index}, turn {depth}: live agents {live} differ from the policies' {agents}"
                 )
-        answers = {
-            agent: _sample(
-                policies[agent],
-                [o.node.observations[agent] for o in frontier],
-                num_samples,
-                [None if o.node.seed is None else derive_seed(o.node.seed, position) for o in frontier],
-            )
-            for position, agent in enumerate(agents)
-        }
+        answers = sample_agents(
+            policies,
+            {agent: [o.node.observations[agent] for o in frontier] for agent in agents},
+            num_samples,
+            {
+                agent: [None if o.node.seed is None else derive_seed(o.node.seed, position) for o in frontier]
+                for position, agent in enumerate(agents)
+            },
+        )
         combos = joint_actions(num_samples, len(agents), joint_mode)
         next_frontier: list[_Open] = []
         for position, open_node in enumerate(frontier):

@@ -82,11 +82,16 @@ class ModelRunner:
     def run_prompts(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, routes: Sequence[str] | None = None
     ) -> tuple[torch.Tensor, Any]:
-        """One pass over left-padded prompts: the logits at their last position and the KV cache."""
+        """One pass over left-padded prompts: the logits at their last position and the KV cache
+        (None where the model returns none)."""
         inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask, "use_cache": True}
         if self.takes_position_ids:
             inputs["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         if self.takes_logits_to_keep:
             inputs["logits_to_keep"] = 1
         out = self.forward(inputs, routes)
-        return out.logits[:, -1], out[self.cache_keyword]
+        try:
+            cache = out[self.cache_keyword]
+        except KeyError:  # no cache returned (e.g. gradient checkpointing in train mode)
+            cache = None
+        return out.logits[:, -1], cache

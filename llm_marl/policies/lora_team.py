@@ -1,0 +1,542 @@
+"""A team of agents as LoRA adapters on one frozen base model.
+
+``LoRATeam.from_pretrained(path_or_id, agents=("a", "b"), r=8, alpha=16)`` loads one causal LM,
+freezes it and gives every agent its own LoRA adapter (the ``peft`` library's adapters, saved in
+its format). ``team.policies`` maps each agent to a :class:`AdapterPolicy`, a
+:class:`~llm_marl.policies.CausalLMPolicy` whose rows run through its own adapter and whose
+``parameters()`` are that adapter's alone: any trainer takes them as ``policies=``. N agents
+cost one copy of the weights plus N small adapters and their optimizer states.
+
+One pass for the whole team. The team's :class:`TeamRunner` routes every batch row through its
+own agent's adapter: the frozen base layer runs once over all rows, and each adapter adds its
+low-rank update to its agent's rows (contiguous runs of rows, so a slice each). So
+:meth:`LoRATeam.sample` answers every agent's prompts in ONE decode loop and
+:meth:`LoRATeam.token_log_probs` scores every agent's answers in one forward; each row's result
+is the one its agent gets alone (up to float rounding of batch-size dependent kernels), and each
+agent's loss reaches only its own adapter. The rollout tree asks a team once per depth
+(:func:`llm_marl.learners.tree.grow_trees`) and the trainers score a team in one forward per
+optimizer step. Team sampling needs the members' sampling settings to agree; where they differ
+(or ``use_hf_generate`` is set) each agent samples alone.
+
+Reference KL for free: :meth:`LoRATeam.reference_policy` is the base with adapters disabled
+(rows routed to ``"__base__"``), no frozen copy. An untrained adapter (``lora_B = 0``, peft's
+initialisation) adds exact zeros, so its reference KL is exactly 0.
+
+Saving: :meth:`LoRATeam.save_pretrained` writes ``dir/<agent>/`` per agent
+(``adapter_config.json`` + ``adapter_model.safetensors``), which
+``peft.PeftModel.from_pretrained(base_model, dir/<agent>)`` reads; ``from_pretrained(...,
+adapters=dir)`` loads a saved team back. Checkpoints of the trainers hold each adapter's weights
+(``AdapterPolicy.state_dict``) and its optimizer; the base is not copied.
+
+Real model sizes: ``dtype="bfloat16"`` loads the base in bfloat16 (half the weight memory;
+adapters stay float32, as peft keeps them, and log-probs are computed in float32);
+``gradient_checkpointing=True`` keeps only each layer's input for the backward pass and
+recomputes the rest (activation memory of one layer instead of all; the model is put in train
+mode, since transformers checkpoints only there, and scoring then runs without a KV cache).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import types
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import torch
+
+from llm_marl.policies import sampling, scoring
+from llm_marl.policies.base import Completion
+from llm_marl.policies.causal_lm import _SETTING_NAMES, SETTINGS_FILE, CausalLMPolicy
+from llm_marl.policies.lm_runner import ModelRunner, model_name
+
+__all__ = ["AdapterPolicy", "LoRATeam", "TeamRunner", "BASE_ROUTE"]
+
+BASE_ROUTE = "__base__"
+"""The route of rows that run through the base model with every adapter disabled."""
+TEAM_FILE = "llm_marl_team.json"
+
+
+def _segments(routes: Sequence[str]) -> list[tuple[str, int, int]]:
+    """Consecutive runs of equal routes as ``(route, start, stop)``."""
+    runs: list[tuple[str, int, int]] = []
+    start = 0
+    for row in range(1, len(routes) + 1):
+        if row == len(routes) or routes[row] != routes[start]:
+            runs.append((routes[start], start, row))
+            start = row
+    return runs
+
+
+def _lora_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora.layer import Linear as LoraLinear
+
+    layers = [m for m in model.modules() if isinstance(m, LoraLayer)]
+    wrong = [type(m).__name__ for m in layers if not isinstance(m, LoraLinear)]
+    if wrong:
+        raise ValueError(
+            f"LoRATeam routes rows through linear LoRA layers only; target_modules hit {sorted(set(wrong))}"
+        )
+    return layers
+
+
+class TeamRunner(ModelRunner):
+    """A :class:`ModelRunner` whose rows each carry the adapter (agent) they run through."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(model)
+        self.segments: list[tuple[str, int, int]] | None = None
+        self.sticky = False
+        for layer in _lora_layers(model):
+            layer.forward = types.MethodType(_routed_forward(self, type(layer).forward), layer)
+
+    def forward(self, inputs: dict[str, Any], routes: Sequence[str] | None = None) -> Any:
+        """``model(**inputs)`` with row ``i`` through adapter ``routes[i]`` (``"__base__"``: none).
+
+        Under gradient checkpointing the routing stays set after the call, so that the backward
+        pass recomputes each layer with the same adapters."""
+        if routes is None:
+            raise ValueError("a team's forward needs one route (agent) per row")
+        if len(routes) != inputs["input_ids"].shape[0]:
+            raise ValueError(f"{len(routes)} routes for {inputs['input_ids'].shape[0]} rows")
+        self.segments = _segments(list(routes))
+        try:
+            return self.model(**inputs)
+        finally:
+            if not self.sticky:
+                self.segments = None
+
+
+def _routed_forward(runner: TeamRunner, plain: Any) -> Any:
+    def forward(layer: Any, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        segments = runner.segments
+        if segments is None or layer.disable_adapters or layer.merged:
+            return plain(layer, x, *args, **kwargs)
+        if x.shape[0] != segments[-1][2]:
+            raise RuntimeError(f"routing for {segments[-1][2]} rows, but a LoRA layer got {x.shape[0]}")
+        result = layer.base_layer(x, *args, **kwargs)
+        parts = []
+        for route, start, stop in segments:
+            part = result[start:stop]
+            if route != BASE_ROUTE:
+                if route not in layer.lora_A:
+                    raise KeyError(f"no adapter {route!r} in the team (adapters: {sorted(layer.lora_A)})")
+                lora_a, lora_b = layer.lora_A[route], layer.lora_B[route]
+                rows = x[start:stop].to(lora_a.weight.dtype)
+                update = lora_b(lora_a(layer.lora_dropout[route](rows))) * layer.scaling[route]
+                part = part + update.to(result.dtype)
+            parts.append(part)
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0)
+
+    return forward
+
+
+class AdapterPolicy(CausalLMPolicy):
+    """One agent of a :class:`LoRATeam`: a :class:`CausalLMPolicy` whose rows run through the
+    agent's adapter and whose parameters are that adapter's alone."""
+
+    def __init__(self, team: "LoRATeam", adapter: str, **settings: Any) -> None:
+        self.team = team
+        self.adapter = adapter
+        settings.pop("fused_activations", None)  # the team fuses the shared model once
+        super().__init__(team.model, team.tokenizer, fused_activations=False, **settings)
+        self.name = f"{self.name}[{adapter}]"
+
+    def _make_runner(self, model: Any) -> ModelRunner:
+        return self.team.runner
+
+    def _routes(self, rows: int) -> list[str]:
+        return [self.adapter] * rows
+
+    def sample(self, observations: Sequence[str], num_samples: int) -> list[list[Completion]]:
+        if self.use_hf_generate or self.generation_kwargs:
+            with self.team.only(self.adapter):
+                return super().sample(observations, num_samples)
+        return super().sample(observations, num_samples)
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        marks = (f".lora_A.{self.adapter}.", f".lora_B.{self.adapter}.")
+        return ((n, p) for n, p in self.model.named_parameters() if any(m in n for m in marks))
+
+    def parameters(self) -> Iterator[torch.nn.Parameter]:
+        return (p for _, p in self.named_parameters())
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """This adapter's weights (the frozen base is not part of an agent's state)."""
+        return {n: p.detach() for n, p in self.named_parameters()}
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> Any:
+        own = dict(self.named_parameters())
+        missing, unexpected = sorted(set(own) - set(state_dict)), sorted(set(state_dict) - set(own))
+        if strict and (missing or unexpected):
+            raise KeyError(f"adapter {self.adapter!r}: missing {missing[:3]}, unexpected {unexpected[:3]}")
+        with torch.no_grad():
+            for name, value in state_dict.items():
+                if name in own:
+                    own[name].copy_(value)
+        return types.SimpleNamespace(missing_keys=missing, unexpected_keys=unexpected)
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
+        """Write this adapter in peft's format (plus the tokenizer and the policy settings):
+        ``peft.PeftModel.from_pretrained(base_model, directory)`` reads it."""
+        from peft.utils import get_peft_model_state_dict
+        from safetensors.torch import save_file
+
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        weights = get_peft_model_state_dict(self.model, adapter_name=self.adapter)
+        save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(path / "adapter_model.safetensors"))
+        self.model.peft_config[self.adapter].save_pretrained(str(path))
+        self.tokenizer.save_pretrained(path)
+        with open(path / SETTINGS_FILE, "w", encoding="utf-8") as handle:
+            json.dump(self.settings(), handle, indent=2)
+        return path
+
+    def reference_policy(self) -> "BasePolicy":
+        """The base model with adapters disabled, under this agent's settings (no copy)."""
+        return BasePolicy(self.team, BASE_ROUTE, **self.settings())
+
+    def to(self, device: str | torch.device) -> "AdapterPolicy":
+        self.team.to(device)
+        return self
+
+    def __repr__(self) -> str:
+        return f"AdapterPolicy({self.adapter!r} of {self.team.name!r}, max_new_tokens={self.max_new_tokens})"
+
+
+class BasePolicy(AdapterPolicy):
+    """The team's base with adapters disabled: a frozen reference with no parameters of its own."""
+
+    def named_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
+        return iter(())
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:  # pragma: no cover - not a trained agent
+        raise TypeError("the base reference of a LoRATeam is not saved; save the team's adapters instead")
+
+
+class LoRATeam:
+    """N agents as N LoRA adapters on one frozen base model (see the module docstring).
+
+    Args:
+        model: a ``peft.PeftModel`` holding one LoRA adapter per agent (named after the agent).
+        tokenizer: the base model's tokenizer.
+        agents: the agent names, in order.
+        gradient_checkpointing: recompute each layer in the backward pass instead of storing it.
+        **settings: :class:`CausalLMPolicy` settings shared by every agent (``max_new_tokens``,
+            ``temperature``, ...).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        agents: Sequence[str],
+        *,
+        gradient_checkpointing: bool = False,
+        **settings: Any,
+    ) -> None:
+        agents = _check_agents(agents)
+        missing = [a for a in agents if a not in getattr(model, "peft_config", {})]
+        if missing:
+            raise ValueError(f"the model has no LoRA adapter for agent(s) {missing}")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.agents = agents
+        for name, parameter in model.named_parameters():
+            parameter.requires_grad_(any(f".lora_{ab}.{a}." in name for a in agents for ab in "AB"))
+        self.gradient_checkpointing = bool(gradient_checkpointing)
+        if self.gradient_checkpointing:
+            inner = model.get_base_model()
+            if hasattr(inner, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+                inner.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.train()
+        if settings.pop("fused_activations", True):
+            from llm_marl.policies.causal_lm import fuse_activations
+
+            fuse_activations(model)
+        self.runner = TeamRunner(model)
+        self.runner.sticky = self.gradient_checkpointing
+        self.policies: dict[str, AdapterPolicy] = {a: AdapterPolicy(self, a, **settings) for a in agents}
+        self.name = model_name(model.get_base_model())
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path_or_id: str | os.PathLike[str],
+        agents: Sequence[str] = ("agent_0", "agent_1"),
+        r: int = 8,
+        alpha: float = 16,
+        target_modules: Sequence[str] | str | None = None,
+        *,
+        dropout: float = 0.0,
+        adapters: str | os.PathLike[str] | None = None,
+        dtype: str | torch.dtype | None = None,
+        gradient_checkpointing: bool = False,
+        init_seed: int = 0,
+        model_kwargs: Mapping[str, Any] | None = None,
+        tokenizer_kwargs: Mapping[str, Any] | None = None,
+        **settings: Any,
+    ) -> "LoRATeam":
+        """Load the base with the ``Auto*`` classes and give each agent a new LoRA adapter
+        (``r``, ``alpha``, ``target_modules``: None lets peft pick the attention projections of
+        known architectures), or with ``adapters=dir`` the saved adapters ``dir/<agent>/``.
+        ``dtype`` (e.g. ``"bfloat16"``) is the base's weight dtype; agent ``i``'s new adapter is
+        initialised from seed ``init_seed + i`` (the global RNG is untouched); ``settings`` are
+        those of :class:`CausalLMPolicy`."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        kwargs = dict(model_kwargs or {})
+        if dtype is not None:
+            kwargs["dtype"] = _dtype(dtype)
+        base = AutoModelForCausalLM.from_pretrained(path_or_id, **kwargs)
+        tokenizer = AutoTokenizer.from_pretrained(path_or_id, **dict(tokenizer_kwargs or {}))
+        return cls.from_model(
+            base,
+            tokenizer,
+            agents,
+            r=r,
+            alpha=alpha,
+            target_modules=target_modules,
+            dropout=dropout,
+            adapters=adapters,
+            gradient_checkpointing=gradient_checkpointing,
+            init_seed=init_seed,
+            **settings,
+        )
+
+    @classmethod
+    def from_model(
+        cls,
+        base: Any,
+        tokenizer: Any,
+        agents: Sequence[str],
+        *,
+        r: int = 8,
+        alpha: float = 16,
+        target_modules: Sequence[str] | str | None = None,
+        dropout: float = 0.0,
+        adapters: str | os.PathLike[str] | None = None,
+        gradient_checkpointing: bool = False,
+        init_seed: int = 0,
+        **settings: Any,
+    ) -> "LoRATeam":
+        """As :meth:`from_pretrained`, around an already loaded base model (wrapped in place)."""
+        from peft import LoraConfig, PeftModel, get_peft_model
+
+        agents = _check_agents(agents)
+        if not isinstance(r, int) or isinstance(r, bool) or r < 1:
+            raise ValueError(f"r (lora_r) must be an int >= 1, got {r!r}")
+        if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or alpha <= 0:
+            raise ValueError(f"alpha (lora_alpha) must be a number > 0, got {alpha!r}")
+        for p in base.parameters():
+            p.requires_grad_(False)
+        if adapters is not None:
+            folder = Path(adapters)
+            saved = folder / agents[0] / SETTINGS_FILE if agents else None
+            if saved is not None and saved.is_file():
+                with open(saved, encoding="utf-8") as handle:
+                    stored = json.load(handle)
+                settings = {**{k: v for k, v in stored.items() if k in _SETTING_NAMES}, **settings}
+            absent = [a for a in agents if not (folder / a / "adapter_config.json").is_file()]
+            if absent:
+                raise FileNotFoundError(f"{folder}: no saved adapter for agent(s) {absent} (expected {folder}/<agent>/)")
+            model = PeftModel.from_pretrained(base, str(folder / agents[0]), adapter_name=agents[0], is_trainable=True)
+            for agent in agents[1:]:
+                model.load_adapter(str(folder / agent), adapter_name=agent, is_trainable=True)
+        else:
+            modules = [target_modules] if isinstance(target_modules, str) else target_modules
+            config = LoraConfig(
+                r=r,
+                lora_alpha=alpha,
+                lora_dropout=dropout,
+                target_modules=list(modules) if modules else None,
+                task_type="CAUSAL_LM",
+                fan_in_fan_out=getattr(getattr(base, "config", None), "model_type", "") == "gpt2",
+            )
+            # Each adapter's initial lora_A is drawn from its own seed, not the global RNG: a
+            # team built twice is the same team (and a resumed run starts where the first did).
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(init_seed)
+                model = get_peft_model(base, config, adapter_name=agents[0])
+                for i, agent in enumerate(agents[1:], start=1):
+                    torch.manual_seed(init_seed + i)
+                    model.add_adapter(agent, config)
+        return cls(model, tokenizer, agents, gradient_checkpointing=gradient_checkpointing, **settings)
+
+    # ------------------------------------------------------------------ state
+
+    def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
+        """Write ``directory/<agent>/`` (peft adapter format) for every agent, and the team's
+        settings; ``from_pretrained(base, agents=..., adapters=directory)`` loads them back."""
+        path = Path(directory)
+        path.mkdir(parents=True, exist_ok=True)
+        for agent, policy in self.policies.items():
+            policy.save_pretrained(path / agent)
+        with open(path / TEAM_FILE, "w", encoding="utf-8") as handle:
+            json.dump({"agents": self.agents, "gradient_checkpointing": self.gradient_checkpointing}, handle, indent=2)
+        return path
+
+    def reference_policy(self) -> BasePolicy:
+        """The base with adapters disabled (the reference of every agent's KL)."""
+        return self.policies[self.agents[0]].reference_policy()
+
+    def to(self, device: str | torch.device) -> "LoRATeam":
+        self.model.to(device)
+        return self
+
+    @contextmanager
+    def only(self, adapter: str) -> Iterator[None]:
+        """Within: plain forwards (e.g. ``model.generate``) run through ``adapter`` alone."""
+        previous = self.model.active_adapter
+        self.model.set_adapter(adapter)
+        try:
+            yield
+        finally:
+            self.model.set_adapter(previous)
+            for name, parameter in self.model.named_parameters():  # set_adapter freezes the others
+                parameter.requires_grad_(any(f".lora_{ab}.{a}." in name for a in self.agents for ab in "AB"))
+
+    # ------------------------------------------------------------------ one pass for the team
+
+    def _batchable(self, agents: Sequence[str]) -> bool:
+        first = self.policies[agents[0]]
+        same = all(self.policies[a].settings() == first.settings() for a in agents)
+        return same and not any(self.policies[a].use_hf_generate or self.policies[a].generation_kwargs for a in agents)
+
+    def sample(self, requests: Mapping[str, Sequence[str]], num_samples: int) -> dict[str, list[list[Completion]]]:
+        """``num_samples`` answers per observation for every agent in ``requests`` (agent ->
+        observations), from ONE decode loop whose rows carry their agent's adapter (chunked only
+        by ``max_batch_size``)."""
+        agents = list(requests)
+        unknown = [a for a in agents if a not in self.policies]
+        if unknown:
+            raise KeyError(f"agent(s) {unknown} are not in this team {self.agents}")
+        if not agents:
+            return {}
+        if not self._batchable(agents):
+            return {a: self.policies[a].sample(list(requests[a]), num_samples) for a in agents}
+        if not isinstance(num_samples, int) or num_samples < 1:
+            raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
+        lead = self.policies[agents[0]]
+        prompts: list[list[int]] = []
+        routes: list[str] = []
+        for agent in agents:
+            encoded = self.policies[agent].encode_prompts(list(requests[agent]))
+            prompts += encoded
+            routes += [agent] * len(encoded)
+        per_call = len(prompts) or 1
+        if lead.max_batch_size is not None:
+            per_call = max(1, lead.max_batch_size // num_samples)
+        answers: list[list[Completion]] = []
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with torch.inference_mode():
+                for start in range(0, len(prompts), per_call):
+                    chunk = prompts[start : start + per_call]
+                    input_ids, attention_mask = lead._left_pad(chunk)
+                    generated = sampling.decode(
+                        self.runner,
+                        input_ids,
+                        attention_mask,
+                        num_samples,
+                        max_new_tokens=lead._max_new_tokens(input_ids.shape[1]),
+                        min_new_tokens=lead.min_new_tokens,
+                        room=lead.max_new_tokens,
+                        eos_token_ids=lead.eos_token_ids,
+                        pad_token_id=lead.pad_token_id,
+                        draw_token=lead._draw,
+                        routes=routes[start : start + per_call],
+                    )
+                    rows = lead._completions(generated)
+                    answers += [rows[i * num_samples : (i + 1) * num_samples] for i in range(len(chunk))]
+        finally:
+            self.model.train(was_training)
+        result, start = {}, 0
+        for agent in agents:
+            count = len(requests[agent])
+            result[agent] = answers[start : start + count]
+            start += count
+        return result
+
+    def token_log_probs(
+        self, requests: Mapping[str, tuple[Sequence[str], Sequence[Completion]]]
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+        """Per-token log-probs ``(values, mask)`` of every agent's answers (agent ->
+        (observations, completions)) from one forward whose rows carry their agent's adapter
+        (chunked only by ``max_batch_size`` / ``max_batch_tokens``). Differentiable; each
+        agent's values depend on its own adapter only."""
+        agents = list(requests)
+        if not agents:
+            return {}
+        first = self.policies[agents[0]]
+        scoring_settings = ("score_temperature", "temperature", "score_prompts_once", "max_batch_size", "max_batch_tokens")
+        if any(getattr(self.policies[a], s) != getattr(first, s) for a in agents for s in scoring_settings):
+            return {a: self.policies[a].token_log_probs(*requests[a]) for a in agents}
+        prompts, answers, routes, counts = [], [], [], []
+        for agent in agents:
+            observations, completions = list(requests[agent][0]), list(requests[agent][1])
+            if len(observations) != len(completions):
+                raise ValueError(f"agent {agent!r}: {len(observations)} observations but {len(completions)} completions")
+            policy = self.policies[agent]
+            prompts += policy.encode_prompts(observations)
+            answers += [policy._answer_ids(c) for c in completions]
+            routes += [agent] * len(completions)
+            counts.append(len(completions))
+        values, mask = scoring.token_log_probs(
+            self.runner,
+            prompts,
+            answers,
+            pad_token_id=first.pad_token_id,
+            temperature=first.effective_score_temperature,
+            prompts_once=first.score_prompts_once,
+            max_batch_size=first.max_batch_size,
+            max_batch_tokens=first.max_batch_tokens,
+            routes=routes,
+        )
+        result, start = {}, 0
+        for agent, count in zip(agents, counts):
+            rows = slice(start, start + count)
+            width = max((len(a) for a in answers[rows]), default=0)
+            result[agent] = (values[rows, :width], mask[rows, :width])
+            start += count
+        return result
+
+    def log_probs(
+        self, requests: Mapping[str, tuple[Sequence[str], Sequence[Completion]]], reduction: str = "sum"
+    ) -> dict[str, torch.Tensor]:
+        """Each agent's whole-answer log-probs (sum or mean of token log-probs), one forward."""
+        if reduction not in ("sum", "mean"):
+            raise ValueError(f"reduction must be 'sum' or 'mean', got {reduction!r}")
+        totals = {}
+        for agent, (values, mask) in self.token_log_probs(requests).items():
+            total = values.sum(dim=-1)
+            totals[agent] = total / mask.sum(dim=-1).clamp(min=1) if reduction == "mean" else total
+        return totals
+
+    def __repr__(self) -> str:
+        return f"LoRATeam({self.name!r}, agents={self.agents})"
+
+
+def _check_agents(agents: Sequence[str]) -> list[str]:
+    names = [str(a) for a in agents]
+    if not names or len(set(names)) != len(names):
+        raise ValueError(f"agents must be distinct names, at least one; got {names}")
+    if BASE_ROUTE in names:
+        raise ValueError(f"{BASE_ROUTE!r} is reserved for the base model")
+    return names
+
+
+def _dtype(value: str | torch.dtype) -> torch.dtype:
+    if isinstance(value, torch.dtype):
+        return value
+    resolved = getattr(torch, str(value), None)
+    if not isinstance(resolved, torch.dtype):
+        raise ValueError(f"dtype must be a torch dtype or its name (e.g. 'bfloat16'), got {value!r}")
+    return resolved
