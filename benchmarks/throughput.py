@@ -77,6 +77,17 @@ def bench_reward(completions_0, completions_1):
     return [overlap + min(len(a), len(b)) / 200.0]
 
 
+def bench_reward_any(*completions):
+    """The same reward for any number of agents (memory runs with 1 or 4 agents): mean word
+    overlap with the first agent plus the length term."""
+    first = completions[0][0]
+    if len(completions) == 1:
+        return [min(len(first), 200) / 200.0]
+    words = [set(c[0].split()) for c in completions]
+    overlap = sum(len(words[0] & w) / (1 + len(words[0] | w)) for w in words[1:]) / (len(words) - 1)
+    return [overlap + min(len(c[0]) for c in completions) / 200.0]
+
+
 def bench_transition(prompt, agent_completions, num_agents, prompt_history_per_agent, response_history_per_agent):
     """Next prompt of each agent: the original prompt's opening plus the start of the partner's
     last answer (bounded length, so prompts do not grow with the turn)."""
@@ -88,9 +99,9 @@ def bench_transition(prompt, agent_completions, num_agents, prompt_history_per_a
     return texts
 
 
-def tree_nodes(k: int, turns: int, mode: str) -> int:
+def tree_nodes(k: int, turns: int, mode: str, agents: int = 2) -> int:
     """Tree nodes per item (each node: one K-answer group per agent)."""
-    branching = k if mode == "aligned" else k * k
+    branching = k if mode == "aligned" else k**agents
     return sum(branching**t for t in range(turns))
 
 
@@ -242,8 +253,9 @@ def _train_ours(spec: dict, clock: _Clock):
 
     from llm_marl import MAGRPOConfig, MAGRPOTrainer
 
+    agents = int(spec.get("agents", 2))
     args = MAGRPOConfig(
-        num_agents=2,
+        num_agents=agents,
         num_turns=spec["turns"],
         num_train_epochs=1,
         num_generations=spec["k"],
@@ -258,8 +270,10 @@ def _train_ours(spec: dict, clock: _Clock):
         progress_bar=False,
         output_dir=None,
         seed=spec["seed"],
+        lora_r=spec.get("lora_r"),
+        lora_alpha=2.0 * spec["lora_r"] if spec.get("lora_r") else 16.0,
     )
-    reward, transition = _timed_task_functions(clock)
+    reward, transition = _timed_task_functions(clock, agents)
     trainer = MAGRPOTrainer(
         agent_model=spec["model_dir"],
         tokenizer=AutoTokenizer.from_pretrained(spec["model_dir"]),
@@ -269,17 +283,23 @@ def _train_ours(spec: dict, clock: _Clock):
         train_dataset=Dataset.from_list([{"prompt": p} for p in spec["prompts"]]),
         args=args,
     )
+    count = lambda out: sum(len(c.token_ids or ()) for row in out for c in row)  # noqa: E731
+    teams = {}
     for policy in trainer.policies.values():
         if spec["force_length"]:
             policy.min_new_tokens = spec["new_tokens"]
         policy.max_batch_size = spec.get("max_batch_size")
         policy.model.generate(**_warmup_inputs(policy.tokenizer), max_new_tokens=2, do_sample=True)
-        policy.sample = clock.wrap(
-            "generate", policy.sample, lambda out: sum(len(c.token_ids or ()) for row in out for c in row)
-        )
+        policy.sample = clock.wrap("generate", policy.sample, count)
         policy._draw = clock.wrap("sampling", policy._draw)  # our sampler; CoMLRL's is torch.multinomial
+        team = getattr(policy, "team", None)
+        if team is not None:
+            teams[id(team)] = team
+    for team in teams.values():  # a team of adapters is sampled in one call for all its agents
+        team.sample = clock.wrap("generate", team.sample, lambda out: sum(count(rows) for rows in out.values()))
     trainer._update = clock.wrap("update", trainer._update)
-    clock.instrument([p.model for p in trainer.policies.values()], list(trainer.optimizers.values()))
+    models = list({id(p.model): p.model for p in trainer.policies.values()}.values())
+    clock.instrument(models, list(trainer.optimizers.values()))
     return trainer, lambda: trainer.train()
 
 
@@ -331,10 +351,11 @@ def _train_comlrl(spec: dict, clock: _Clock):
     return trainer, lambda: trainer.train(**extra)
 
 
-def _timed_task_functions(clock: _Clock):
+def _timed_task_functions(clock: _Clock, agents: int = 2):
     """The reward and transition, timed; functools.wraps keeps their signatures, which both
-    libraries inspect."""
-    return clock.wrap("reward", bench_reward), clock.wrap("transition", bench_transition)
+    libraries inspect. Agent counts other than 2 (memory runs, ours only) use bench_reward_any."""
+    reward = bench_reward if agents == 2 else bench_reward_any
+    return clock.wrap("reward", reward), clock.wrap("transition", bench_transition)
 
 
 def _warmup_inputs(tokenizer):
@@ -364,7 +385,7 @@ def run_worker(side: str, spec: dict) -> dict:
     rss_shared = _rss_mib()
     clock = _Clock()
     setup_start = time.perf_counter()
-    trainer, train = (_train_ours if side == "ours" else _train_comlrl)(spec, clock)
+    trainer, train = (_train_comlrl if side == "comlrl" else _train_ours)(spec, clock)
     setup_seconds = time.perf_counter() - setup_start
     rss_before = _rss_mib()
     load_before = os.getloadavg()[0]
@@ -385,11 +406,14 @@ def run_worker(side: str, spec: dict) -> dict:
     items = len(spec["prompts"])
     generate = clock.seconds.get("generate", 0.0)
     update = clock.seconds.get("update", 0.0)
-    expected_tokens = items * tree_nodes(spec["k"], spec["turns"], spec["mode"]) * spec["k"] * 2 * spec["new_tokens"]
+    agents = int(spec.get("agents", 2))
+    expected_tokens = items * tree_nodes(spec["k"], spec["turns"], spec["mode"], agents) * spec["k"] * agents * spec["new_tokens"]
     return {
         "side": side,
         "config": spec["name"],
-        "items_per_step": spec["items_per_step"] if side == "ours" else 1,
+        "items_per_step": spec["items_per_step"] if side != "comlrl" else 1,
+        "agents": int(spec.get("agents", 2)),
+        "lora_r": spec.get("lora_r"),
         "items": items,
         "threads": threads,
         "train_seconds": seconds,
@@ -497,9 +521,11 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
-def table(results: list[dict], configs: list[dict], ips_list: list[int], with_comlrl: bool) -> str:
+def table(results: list[dict], configs: list[dict], ips_list: list[int], with_comlrl: bool, with_lora: bool = False) -> str:
     """Two markdown tables: time per item and speed-ups; tokens/s and peak memory."""
     sides = [("ours", ips, f"ours ips={ips}") for ips in ips_list]
+    if with_lora:
+        sides += [("ours-lora", ips, f"ours LoRA ips={ips}") for ips in ips_list]
     if with_comlrl:
         sides.append(("comlrl", 1, "CoMLRL"))
     head = ["config", "nodes/item", "tokens/item"] + [f"{label} s/item" for _, _, label in sides]
@@ -539,9 +565,29 @@ def breakdown_table(results: list[dict], configs: list[dict]) -> str:
         for side, ips in keys:
             r = best(results, cfg["name"], side, ips)
             parts = r.get("breakdown_seconds", {})
-            label = f"ours ips={ips}" if side == "ours" else "CoMLRL"
+            label = "CoMLRL" if side == "comlrl" else f"{'ours LoRA' if side == 'ours-lora' else 'ours'} ips={ips}"
             cells = [f"{parts.get(n, 0.0) / r['items']:.3f}" for n in names]
             lines.append(f"| {cfg['name']} | {label} | {r['seconds_per_item']:.3f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def memory_table(results: list[dict], configs: list[dict]) -> str:
+    """Peak memory of N LoRA agents on one base against ONE full-model agent (lowest of the
+    repeats): raw peak RSS, and the peak above the shared imports."""
+    lines = ["| config | one full-model agent: peak MiB (over imports) | LoRA team: agents, peak MiB (over imports) | ratio of peaks | ratio over imports |",
+             "|---|---|---|---|---|"]
+    for cfg in configs:
+        name = cfg["name"] + "-mem"
+        pick = lambda side: min((r for r in results if r["config"] == name and r["side"] == side and "error" not in r),  # noqa: E731
+                                key=lambda r: r["peak_rss_mib"], default=None)
+        full, team = pick("ours"), pick("ours-lora")
+        if full and team:
+            lines.append(
+                f"| {cfg['name']} | {full['peak_rss_mib']:.0f} ({full['peak_over_shared_imports_mib']:.0f}) | "
+                f"{team['agents']}, {team['peak_rss_mib']:.0f} ({team['peak_over_shared_imports_mib']:.0f}) | "
+                f"{team['peak_rss_mib'] / full['peak_rss_mib']:.2f}x | "
+                f"{team['peak_over_shared_imports_mib'] / max(full['peak_over_shared_imports_mib'], 1e-9):.2f}x |"
+            )
     return "\n".join(lines)
 
 
@@ -567,7 +613,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds per run before it is abandoned")
     parser.add_argument("--profile-dir", default=None, help="write a cProfile of each run's train() here")
     parser.add_argument("--out", default=None, help="write all runs (and the table) as JSON here")
-    parser.add_argument("--worker", choices=("ours", "comlrl", "build"), help=argparse.SUPPRESS)
+    parser.add_argument("--lora-r", type=int, default=None,
+                        help="also run our side with the agents as LoRA adapters of rank R on one base (LoRATeam)")
+    parser.add_argument("--memory-agents", type=int, default=None,
+                        help="memory rows: N LoRA agents (rank --lora-r, default 8) against ONE full-model agent, ips=1")
+    parser.add_argument("--worker", choices=("ours", "ours-lora", "comlrl", "build"), help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
 
@@ -599,10 +649,17 @@ def main(argv: list[str] | None = None) -> int:
     results: list[dict] = []
     for repeat in range(opts.repeats):
         for cfg in configs:
-            runs = [("ours", opts.ours_python, ips) for ips in ips_list]
+            runs = [("ours", opts.ours_python, ips, {}) for ips in ips_list]
+            if opts.lora_r:
+                runs += [("ours-lora", opts.ours_python, ips, {"lora_r": opts.lora_r}) for ips in ips_list]
             if opts.comlrl_python:
-                runs.append(("comlrl", opts.comlrl_python, 1))
-            for side, python, ips in runs:
+                runs.append(("comlrl", opts.comlrl_python, 1, {}))
+            if opts.memory_agents:
+                rank = opts.lora_r or 8
+                runs += [("ours", opts.ours_python, 1, {"agents": 1, "name": cfg["name"] + "-mem"}),
+                         ("ours-lora", opts.ours_python, 1,
+                          {"agents": opts.memory_agents, "lora_r": rank, "name": cfg["name"] + "-mem"})]
+            for side, python, ips, extra in runs:
                 spec = {
                     **cfg,
                     "model_dir": models["large" if cfg["large"] else "small"],
@@ -613,29 +670,35 @@ def main(argv: list[str] | None = None) -> int:
                     "max_batch_size": opts.max_batch_size,
                     "threads": opts.threads,
                     "seed": opts.seed,
+                    **extra,
                 }
                 if opts.profile_dir:
-                    spec["profile"] = os.path.join(opts.profile_dir, f"{cfg['name']}-{side}-ips{ips}-r{repeat}.prof")
+                    spec["profile"] = os.path.join(opts.profile_dir, f"{spec['name']}-{side}-ips{ips}-r{repeat}.prof")
                 result = launch(python, side, spec, opts.timeout)
                 result["repeat"] = repeat
                 results.append(result)
                 if "error" in result:
-                    print(f"{cfg['name']:>20} {side:>6} ips={ips}: ERROR {result['error']}", flush=True)
+                    print(f"{spec['name']:>20} {side:>9} ips={ips}: ERROR {result['error']}", flush=True)
                 else:
                     print(
-                        f"{cfg['name']:>20} {side:>6} ips={ips}: {result['seconds_per_item']:.3f} s/item "
+                        f"{spec['name']:>20} {side:>9} ips={ips} agents={result['agents']}: {result['seconds_per_item']:.3f} s/item "
                         f"{result['tokens_per_second']:.0f} tok/s peak {result['peak_rss_mib']:.0f} MiB "
                         f"(gen {result['generate_seconds']:.2f} s, update {result['update_seconds']:.2f} s, "
                         f"other {result['other_seconds']:.2f} s; cpu {result['train_cpu_seconds']:.1f} s; "
                         f"load {result['load1_before']:.1f}->{result['load1_after']:.1f})",
                         flush=True,
                     )
-    text = table(results, configs, ips_list, bool(opts.comlrl_python))
+    text = table(results, configs, ips_list, bool(opts.comlrl_python), bool(opts.lora_r))
     parts = breakdown_table(results, configs)
     print()
     print(text)
     print()
     print(parts)
+    if opts.memory_agents:
+        memory = memory_table(results, configs)
+        text += "\n\n" + memory
+        print()
+        print(memory)
     if opts.out:
         with open(opts.out, "w") as handle:
             json.dump({"options": {k: v for k, v in vars(opts).items() if k not in ("worker", "spec")},

@@ -93,6 +93,15 @@ model so far that the reference KL dominates the [0, 1] reward and some seeds co
 punctuation, so the default stays at 3e-4."""
 
 
+DEFAULT_TEAM_RUN: dict[str, Any] = {
+    "agent_learning_rate": 5e-3,
+    "lora_alpha": 16.0,
+}
+"""What the default run changes when its agents are LoRA adapters (``llm-marl train --lora_r 8``),
+unless given explicitly: adapters need a larger learning rate than full models (measured in
+tests/test_lora_learning.py)."""
+
+
 class UsageError(Exception):
     """Bad usage — a flag, a config value, an env id, a model path or a folder (exit status 2)."""
 
@@ -235,6 +244,8 @@ def _run_options(ns: argparse.Namespace, use_default: bool) -> tuple[dict[str, A
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise UsageError(f"--train-items must be an int >= 1 (the first N train rows), got {options['train_items']!r}")
         options["train_items"] = count
+    if use_default and options.get("lora_r") is not None:
+        options.update({k: v for k, v in DEFAULT_TEAM_RUN.items() if k not in explicit})
     return options, explicit
 
 

@@ -84,6 +84,9 @@ def test_workload_helpers():
         bench.parse_config("K4-aligned")
     # the shared task functions are plain Python with the anchor library's signatures
     assert len(bench.bench_reward(["a b c"], ["b c d"])) == 1
+    assert bench.bench_reward_any(["a b c"], ["b c d"]) == bench.bench_reward(["a b c"], ["b c d"])
+    assert bench.bench_reward_any(["x" * 300]) == [1.0]
+    assert bench.tree_nodes(2, 2, "cross", agents=3) == 1 + 8
     texts = bench.bench_transition(
         prompt="one two three", agent_completions=["x y", "z"], num_agents=2,
         prompt_history_per_agent=[[], []], response_history_per_agent=[[], []],
@@ -92,12 +95,16 @@ def test_workload_helpers():
 
 
 def test_quick_benchmark_ours(tmp_path):
-    results = _run_quick(tmp_path)
+    results = _run_quick(tmp_path, "--lora-r", "4")
     runs = [r for r in results["runs"] if r["side"] == "ours"]
     assert len(runs) == 1
     _check_run(runs[0])
     assert runs[0]["items_per_step"] == 1
     assert runs[0]["threads"] == 1
+    # the same workload with the two agents as LoRA adapters of one base (one sampling call per depth)
+    [lora] = [r for r in results["runs"] if r["side"] == "ours-lora"]
+    _check_run(lora)
+    assert lora["lora_r"] == 4 and "ours LoRA ips=1 s/item" in results["table"]
 
 
 def test_quick_benchmark_comlrl(tmp_path):

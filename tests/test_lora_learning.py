@@ -1,0 +1,76 @@
+"""Learning with a team of LoRA adapters: the writing task's default run (``llm-marl train
+--lora_r 8``: cli.DEFAULT_RUN plus cli.DEFAULT_TEAM_RUN) raises the eval reward, by at least as
+much as the full-model default run does.
+
+Measurements: see MEASURED below and the README (A team of LoRA adapters on one base).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+from llm_marl.cli import DEFAULT_RUN, DEFAULT_TEAM_RUN, build_trainer, parser, _run_options  # noqa: E402
+
+EVAL_SEEDS = (5000, 5001, 5002, 5003)
+SEEDS = (0, 1, 2)
+MEASURED = "MEASURED_PLACEHOLDER"
+TEAM_MARGIN = 0.04  # the full-model test's LEARNING_MARGIN (test_lm_training.py)
+
+
+def mean_eval_reward(trainer):
+    values = []
+    for seed in EVAL_SEEDS:
+        torch.manual_seed(seed)
+        values.append(trainer.evaluate()["eval/turn_1/reward_mean"])
+    return sum(values) / len(values)
+
+
+def team_options(**overrides):
+    options, _ = _run_options(parser().parse_args(["train", "--lora_r", "8"]), use_default=True)
+    options.update(train_items=48, progress_bar=False, **overrides)
+    return options
+
+
+def gain(options, reward_blind=False):
+    trainer = build_trainer(options)
+    if reward_blind:  # the control: rewards drawn at random, independent of the answers
+        draws = random.Random(options["seed"])
+        task = trainer.env.task
+        task.reward = lambda item, actions, history: draws.random() * 0.5
+    before = mean_eval_reward(trainer)
+    trainer.train()
+    assert trainer.state.global_step == 6
+    return mean_eval_reward(trainer) - before
+
+
+def test_the_cli_default_run_with_lora_r_is_a_team_with_the_adapter_learning_rate():
+    options = team_options(seed=0)
+    assert options["lora_r"] == 8 and options["agent_learning_rate"] == DEFAULT_TEAM_RUN["agent_learning_rate"]
+    assert {k: v for k, v in options.items() if k not in DEFAULT_TEAM_RUN and k not in ("lora_r", "seed")} == {
+        **DEFAULT_RUN, "train_items": 48, "progress_bar": False}
+    explicit, _ = _run_options(parser().parse_args(["train", "--lora_r", "8", "--agent_learning_rate", "1e-3"]), True)
+    assert explicit["agent_learning_rate"] == 1e-3  # a flag given wins
+
+
+def test_an_adapter_team_learns_the_writing_task():
+    """One seed of the adapter-team default run: the eval reward rises by more than the margin
+    the full-model run is held to (test_lm_training.py)."""
+    assert gain(team_options(seed=0)) > TEAM_MARGIN
+
+
+@pytest.mark.slow
+def test_an_adapter_team_learns_at_least_as_much_as_full_models_and_beats_a_reward_blind_control():
+    """Three seeds each: the team's mean gain >= the full-model default run's, and above a
+    reward-blind team run (random rewards, same seeds) by the margin."""
+    team = [gain(team_options(seed=s)) for s in SEEDS]
+    full = [gain({**DEFAULT_RUN, "train_items": 48, "progress_bar": False, "seed": s}) for s in SEEDS]
+    blind = [gain(team_options(seed=s), reward_blind=True) for s in SEEDS]
+    mean = lambda values: sum(values) / len(values)  # noqa: E731
+    print(f"team {team} full {full} blind {blind}")
+    assert mean(team) >= mean(full)
+    assert mean(team) > mean(blind) + TEAM_MARGIN
