@@ -530,7 +530,7 @@ def table(results: list[dict], configs: list[dict], ips_list: list[int], with_co
         sides.append(("comlrl", 1, "CoMLRL"))
     head = ["config", "nodes/item", "tokens/item"] + [f"{label} s/item" for _, _, label in sides]
     if with_comlrl:
-        head += [f"speed-up ips={ips}" for ips in ips_list] + [f"CPU-time speed-up ips={ips}" for ips in ips_list]
+        head += [f"speed-up {label}" for _, _, label in sides[:-1]] + [f"CPU-time speed-up {label}" for _, _, label in sides[:-1]]
     time_lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     head2 = ["config"] + [f"{label} tok/s" for _, _, label in sides] + [f"{label} peak MiB" for _, _, label in sides]
     head2 += [f"{label} peak over shared imports MiB" for _, _, label in sides]
