@@ -256,6 +256,31 @@ def test_a_team_trains_through_every_learner_and_only_adapters_change(model_dir,
         assert losses and all(torch.isfinite(torch.tensor(losses)))
 
 
+@pytest.mark.parametrize("learner", ["iac", "maac"])
+def test_a_team_trains_through_the_actor_critic_learners(model_dir, learner):
+    """Actor-critic learners (their own loss: agents scored one by one) sample the team once per
+    depth, train every adapter and leave the base untouched."""
+    from llm_marl.learners import IACConfig, IACTrainer, MAACConfig, MAACTrainer
+    from llm_marl.policies import TabularCritic
+
+    team = team_of(model_dir, agents=AGENTS[:2], max_new_tokens=4)
+    config_class, trainer_class = (IACConfig, IACTrainer) if learner == "iac" else (MAACConfig, MAACTrainer)
+    args = config_class(**{**config().to_dict(), "critic_learning_rate": 0.1})
+    critics = [TabularCritic(), TabularCritic()] if learner == "iac" else TabularCritic(num_outputs=2)
+    trainer = trainer_class(env=multi_turn_env(), policies=team.policies, critics=critics, args=args)
+    base_before = base_state(team)
+    adapters_before = {a: adapter_state(p) for a, p in team.policies.items()}
+    calls = []
+    original = team.sample
+    team.sample = lambda requests, n: calls.append(sorted(requests)) or original(requests, n)
+    trainer.train()
+    assert trainer.state.global_step >= 1 and calls and all(c == list(AGENTS[:2]) for c in calls)
+    assert all(torch.equal(base_before[n], p) for n, p in team.model.named_parameters() if "lora_" not in n)
+    for agent, policy in team.policies.items():
+        after = adapter_state(policy)
+        assert any(not torch.equal(adapters_before[agent][n], after[n]) for n in after), agent
+
+
 def test_save_load_gives_identical_samples_under_a_seed(model_dir, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

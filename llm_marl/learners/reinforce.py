@@ -539,10 +539,11 @@ class MAGRPOTrainer:
         answers scored in ONE forward, their finite losses back-propagated in ONE backward (each
         reaches only its agent's adapter). Returns agent -> (local loss, mean log-prob).
         Distributed runs score agents one by one (every rank then makes the same collective
-        calls in the same order, whichever agents have samples there)."""
+        calls in the same order, whichever agents have samples there), as do learners whose
+        loss is not this class's ``_loss_sum`` (the actor-critic learners)."""
         done: dict[str, tuple[torch.Tensor, float | None]] = {}
-        if self.dist.enabled:
-            return done
+        if self.dist.enabled or type(self)._loss_sum is not MAGRPOTrainer._loss_sum:
+            return done  # learners with their own loss (actor-critic) score agents one by one
         with_samples = {agent: batch for agent, batch in step.items() if batch}
         for group in _update_groups(self.policies, list(with_samples)):
             if len(group) < 2:
