@@ -131,50 +131,11 @@ def build_from_anchor_kwargs(
     if getattr(args, "lora_r", None) is not None:
         if agents is not None:
             raise ValueError("args.lora_r makes the agents adapters of ONE base model: pass agent_model=, not agents=")
+        sources = [agent_model] * count
         policies, tokenizers = _adapter_team(args, agent_model, tokenizer, count, model_config or {})
-        return _build(args, policies, tokenizers, count, train_dataset, eval_dataset, reward_func, reward_processor,
-                      formatters, external_transition, eval_logger, eval_aggregator)
-    sources = list(agents) if agents is not None else [agent_model] * count
-    if agents is not None:
-        _check_distinct_models(sources)
-    tokenizers = _tokenizers(tokenizer, sources)
-    models = [_load_model(source, i, model_config or {}, shared=agents is None) for i, source in enumerate(sources)]
-    _add_special_tokens(models, tokenizers, (model_config or {}).get("special_tokens"))
-
-    from llm_marl.policies.causal_lm import CausalLMPolicy
-
-    devices = args.agent_devices or [None] * count
-    policies = [
-        CausalLMPolicy(
-            model,
-            tok,
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            max_batch_size=args.generation_batch_size,
-            device=devices[i],
-        )
-        for i, (model, tok) in enumerate(zip(models, tokenizers))
-    ]
-    return _build(args, policies, tokenizers, count, train_dataset, eval_dataset, reward_func, reward_processor,
-                  formatters, external_transition, eval_logger, eval_aggregator)
-
-
-def _build(
-    args: Any,
-    policies: list[Any],
-    tokenizers: list[Any],
-    count: int,
-    train_dataset: Any,
-    eval_dataset: Any,
-    reward_func: Callable[..., Any],
-    reward_processor: Callable[[float], float] | None,
-    formatters: Any,
-    external_transition: Any,
-    eval_logger: Any,
-    eval_aggregator: Any,
-) -> AnchorBuild:
+    else:
+        sources = list(agents) if agents is not None else [agent_model] * count
+        policies, tokenizers = _full_models(args, sources, tokenizer, count, model_config or {}, shared=agents is None)
     task = FunctionTask(
         reward_func,
         formatters if formatters is not None else _default_formatter,
@@ -271,6 +232,34 @@ def _check_distinct_models(sources: list[Any]) -> None:
                 f"agents[{j}] and agents[{i}] (agent_{j} and agent_{i}) are the same model object: they would "
                 f"train one set of weights; pass a copy per agent (copy.deepcopy), or agent_model= (copied per agent)"
             )
+
+
+def _full_models(
+    args: Any, sources: list[Any], tokenizer: Any, count: int, model_config: dict[str, Any], shared: bool
+) -> tuple[list[Any], list[Any]]:
+    """One model (and tokenizer) per agent, each wrapped in a CausalLMPolicy."""
+    from llm_marl.policies.causal_lm import CausalLMPolicy
+
+    if not shared:
+        _check_distinct_models(sources)
+    tokenizers = _tokenizers(tokenizer, sources)
+    models = [_load_model(source, i, model_config, shared=shared) for i, source in enumerate(sources)]
+    _add_special_tokens(models, tokenizers, model_config.get("special_tokens"))
+    devices = args.agent_devices or [None] * count
+    policies = [
+        CausalLMPolicy(
+            model,
+            tok,
+            max_new_tokens=args.max_new_tokens,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_batch_size=args.generation_batch_size,
+            device=devices[i],
+        )
+        for i, (model, tok) in enumerate(zip(models, tokenizers))
+    ]
+    return policies, tokenizers
 
 
 def _adapter_team(
