@@ -4,7 +4,6 @@ reference is the base itself; save/load and resume are exact."""
 
 from __future__ import annotations
 
-
 import pytest
 import torch
 
