@@ -393,7 +393,7 @@ def test_bfloat16_base_keeps_float32_adapters_and_close_scores(model_dir):
 
 
 def test_config_fields_build_a_team_in_the_drop_in_constructor_and_the_cli(model_dir):
-    from llm_marl.cli import build_trainer, parser
+    from llm_marl.cli import _run_options, build_trainer, parser
 
     args = config(lora_r=4, lora_alpha=8.0, lora_target_modules="c_attn", num_turns=1)
     assert args.lora_target_modules == ["c_attn"]
@@ -414,8 +414,8 @@ def test_config_fields_build_a_team_in_the_drop_in_constructor_and_the_cli(model
     with pytest.raises(ValueError, match="model_dtype"):
         MAGRPOConfig(model_dtype="int3")
 
-    ns = parser().parse_args(["train", "--lora_r", "8", "--lora-target-modules", "c_attn"])
-    assert ns.cfg_lora_r == 8 and ns.cfg_lora_target_modules == ["c_attn"]
+    options, _ = _run_options(parser().parse_args(["train", "--lora_r", "8", "--lora-target-modules", "c_attn,c_fc"]), True)
+    assert options["lora_r"] == 8 and MAGRPOConfig(lora_target_modules=options["lora_target_modules"]).lora_target_modules == ["c_attn", "c_fc"]
     built = build_trainer(
         {"env": "WritingCollab-v0", "policy": "lm", "model": str(model_dir), "lora_r": 2, "num_turns": 1,
          "max_new_tokens": 4, "progress_bar": False, "train_items": 2}

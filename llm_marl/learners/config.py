@@ -123,8 +123,8 @@ class MAGRPOConfig:
     """LoRA rank: the drop-in constructor and the CLI make the agents adapters of one frozen base (LoRATeam); None: full models."""
     lora_alpha: float = 16.0
     """LoRA scaling numerator (an adapter's update is scaled by lora_alpha / lora_r)."""
-    lora_target_modules: Sequence[str] | None = None
-    """Module names that get adapters (e.g. q_proj,v_proj); None: peft's default for the architecture."""
+    lora_target_modules: Sequence[str] | str | None = None
+    """Module names that get adapters (a list, or "q_proj,v_proj"); None: peft's default for the architecture."""
     gradient_checkpointing: bool = False
     """Adapter teams: recompute each layer in the backward pass instead of storing its activations."""
     model_dtype: str | None = None
