@@ -414,26 +414,16 @@ def _model_paths(model: Any, agents: Sequence[str]) -> list[str]:
 
 def _adapter_team(model: Any, env: Any, args: Any) -> list[Any]:
     """``--lora_r R``: every agent a LoRA adapter of one shared base (LoRATeam)."""
-    from llm_marl.policies.lora_team import LoRATeam
+    from llm_marl.policies.lora_team import LoRATeam, team_options
 
     if isinstance(model, list) or "," in str(model):
         raise UsageError(f"--lora_r: the agents are adapters of ONE base model; give one --model, not {model!r}")
-    team_options = dict(
-        r=args.lora_r,
-        alpha=args.lora_alpha,
-        target_modules=args.lora_target_modules,
-        gradient_checkpointing=args.gradient_checkpointing,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-    )
     agents = list(env.possible_agents)
     if model == "tiny":
         from llm_marl.policies.tiny import build_tiny_model, default_model_dir
 
         model = str(build_tiny_model(default_model_dir()))  # built on first use, then cached
-    team = LoRATeam.from_pretrained(model, agents, dtype=args.model_dtype, **team_options)
+    team = LoRATeam.from_pretrained(model, agents, dtype=args.model_dtype, **team_options(args))
     return [team.policies[agent] for agent in agents]
 
 

@@ -267,7 +267,7 @@ def _adapter_team(
 ) -> tuple[list[Any], list[Any]]:
     """``args.lora_r`` set: one base model (loaded once, never copied) and one LoRA adapter per
     agent (:class:`~llm_marl.policies.LoRATeam`); every agent shares the base's tokenizer."""
-    from llm_marl.policies.lora_team import LoRATeam
+    from llm_marl.policies.lora_team import LoRATeam, team_options
 
     if isinstance(tokenizer, (list, tuple)):
         raise ValueError("args.lora_r: the agents share one base model, so pass one tokenizer, not a list")
@@ -280,20 +280,7 @@ def _adapter_team(
     devices = set(args.agent_devices or [None])
     if len(devices) > 1:
         raise ValueError(f"args.lora_r: the adapters share one base model on one device; agent_devices lists {sorted(devices)}")
-    team = LoRATeam.from_model(
-        base,
-        tok,
-        [f"agent_{i}" for i in range(count)],
-        r=args.lora_r,
-        alpha=args.lora_alpha,
-        target_modules=args.lora_target_modules,
-        gradient_checkpointing=args.gradient_checkpointing,
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        max_batch_size=args.generation_batch_size,
-    )
+    team = LoRATeam.from_model(base, tok, [f"agent_{i}" for i in range(count)], **team_options(args))
     device = devices.pop()
     if device is not None:
         team.to(device)

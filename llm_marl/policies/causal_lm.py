@@ -469,25 +469,38 @@ class CausalLMPolicy:
         ``max_batch_size``)."""
         if not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
-        prompts = self.encode_prompts(list(observations))
+        return self.sample_encoded(self.encode_prompts(list(observations)), num_samples)
+
+    def sample_encoded(
+        self, prompts: list[list[int]], num_samples: int, routes: Sequence[str] | None = None
+    ) -> list[list[Completion]]:
+        """:meth:`sample` from prompts already encoded (token ids), chunked by ``max_batch_size``.
+        ``routes``: one per prompt, the adapter its rows run through (None: this policy's own);
+        given routes always take the KV-cached decode loop."""
         if not prompts:
             return []
         per_call = len(prompts)
         if self.max_batch_size is not None:
             per_call = max(1, self.max_batch_size // num_samples)
-        generate = self._generate if self.use_hf_generate or self.generation_kwargs else self._decode
+        hf_generate = routes is None and (self.use_hf_generate or bool(self.generation_kwargs))
         was_training = self.model.training
         self.model.eval()
         try:
             with torch.inference_mode():
                 answers: list[list[Completion]] = []
                 for start in range(0, len(prompts), per_call):
-                    answers += generate(prompts[start : start + per_call], num_samples)
+                    chunk = prompts[start : start + per_call]
+                    if hf_generate:
+                        answers += self._generate(chunk, num_samples)
+                    else:
+                        answers += self._decode(chunk, num_samples, None if routes is None else routes[start : start + per_call])
         finally:
             self.model.train(was_training)
         return answers
 
-    def _decode(self, prompts: list[list[int]], num_samples: int) -> list[list[Completion]]:
+    def _decode(
+        self, prompts: list[list[int]], num_samples: int, routes: Sequence[str] | None = None
+    ) -> list[list[Completion]]:
         """The KV-cached sampling loop (:func:`~llm_marl.policies.sampling.decode`)."""
         input_ids, attention_mask = self._left_pad(prompts)
         generated = sampling.decode(
@@ -501,7 +514,7 @@ class CausalLMPolicy:
             eos_token_ids=self.eos_token_ids,
             pad_token_id=self.pad_token_id,
             draw_token=self._draw,
-            routes=self._routes(len(prompts)),
+            routes=self._routes(len(prompts)) if routes is None else list(routes),
         )
         completions = self._completions(generated)
         return [completions[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]

@@ -46,7 +46,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
-from llm_marl.policies import sampling, scoring
+from llm_marl.policies import scoring
 from llm_marl.policies.base import Completion
 from llm_marl.policies.causal_lm import _SETTING_NAMES, SETTINGS_FILE, CausalLMPolicy
 from llm_marl.policies.lm_runner import ModelRunner, model_name
@@ -430,34 +430,7 @@ class LoRATeam:
             encoded = self.policies[agent].encode_prompts(list(requests[agent]))
             prompts += encoded
             routes += [agent] * len(encoded)
-        per_call = len(prompts) or 1
-        if lead.max_batch_size is not None:
-            per_call = max(1, lead.max_batch_size // num_samples)
-        answers: list[list[Completion]] = []
-        was_training = self.model.training
-        self.model.eval()
-        try:
-            with torch.inference_mode():
-                for start in range(0, len(prompts), per_call):
-                    chunk = prompts[start : start + per_call]
-                    input_ids, attention_mask = lead._left_pad(chunk)
-                    generated = sampling.decode(
-                        self.runner,
-                        input_ids,
-                        attention_mask,
-                        num_samples,
-                        max_new_tokens=lead._max_new_tokens(input_ids.shape[1]),
-                        min_new_tokens=lead.min_new_tokens,
-                        room=lead.max_new_tokens,
-                        eos_token_ids=lead.eos_token_ids,
-                        pad_token_id=lead.pad_token_id,
-                        draw_token=lead._draw,
-                        routes=routes[start : start + per_call],
-                    )
-                    rows = lead._completions(generated)
-                    answers += [rows[i * num_samples : (i + 1) * num_samples] for i in range(len(chunk))]
-        finally:
-            self.model.train(was_training)
+        answers = lead.sample_encoded(prompts, num_samples, routes)
         result, start = {}, 0
         for agent in agents:
             count = len(requests[agent])
@@ -522,6 +495,23 @@ class LoRATeam:
 
     def __repr__(self) -> str:
         return f"LoRATeam({self.name!r}, agents={self.agents})"
+
+
+def team_options(args: Any) -> dict[str, Any]:
+    """The :meth:`LoRATeam.from_model` keywords a trainer config carries: the adapter shape
+    (``lora_r``, ``lora_alpha``, ``lora_target_modules``), ``gradient_checkpointing`` and the
+    sampling settings (``generation_batch_size`` as ``max_batch_size``)."""
+    return dict(
+        r=args.lora_r,
+        alpha=args.lora_alpha,
+        target_modules=args.lora_target_modules,
+        gradient_checkpointing=args.gradient_checkpointing,
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_batch_size=args.generation_batch_size,
+    )
 
 
 def _check_agents(agents: Sequence[str]) -> list[str]:

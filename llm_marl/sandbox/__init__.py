@@ -92,24 +92,5 @@ What it does not protect against
   a random marker.
 """
 
-from llm_marl.sandbox.runner import (
-    LoadError,
-    SandboxError,
-    SandboxResult,
-    TestOutcome,
-    TestReport,
-    run_program,
-    run_programs,
-    run_tests,
-)
-
-__all__ = [
-    "LoadError",
-    "SandboxError",
-    "SandboxResult",
-    "TestOutcome",
-    "TestReport",
-    "run_program",
-    "run_programs",
-    "run_tests",
-]
+from llm_marl.sandbox.runner import *  # noqa: F403 (the names and __all__ of llm_marl.sandbox.runner)
+from llm_marl.sandbox.runner import __all__  # noqa: F401

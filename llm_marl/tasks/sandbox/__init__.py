@@ -6,27 +6,8 @@ Importing it warns with a :class:`DeprecationWarning`; replace ``llm_marl.tasks.
 
 import warnings
 
-from llm_marl.sandbox import (
-    LoadError,
-    SandboxError,
-    SandboxResult,
-    TestOutcome,
-    TestReport,
-    run_program,
-    run_programs,
-    run_tests,
-)
-
-__all__ = [
-    "LoadError",
-    "SandboxError",
-    "SandboxResult",
-    "TestOutcome",
-    "TestReport",
-    "run_program",
-    "run_programs",
-    "run_tests",
-]
+from llm_marl.sandbox import *  # noqa: F403 (the names and __all__ of llm_marl.sandbox)
+from llm_marl.sandbox import __all__  # noqa: F401
 
 warnings.warn(
     "llm_marl.tasks.sandbox is deprecated and will be removed; import llm_marl.sandbox instead",

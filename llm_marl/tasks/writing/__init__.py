@@ -93,40 +93,5 @@ The ids ``WritingCollab-v0`` (1 turn) and ``WritingCollabMultiTurn-v0`` (2 turns
 and any :class:`WritingCollab` keyword.
 """
 
-from llm_marl.tasks.writing.task import (
-    STOP_WORDS,
-    WritingCollab,
-    char_length,
-    char_ratio,
-    content_words,
-    length_gate,
-    length_ratio_score,
-    letter_share,
-    lexical_diversity,
-    overlap_fraction,
-    passage_overlap,
-    ramp,
-    unique_word_ratio,
-    word_count,
-    words,
-    writing_reward,
-)
-
-__all__ = [
-    "STOP_WORDS",
-    "WritingCollab",
-    "char_length",
-    "char_ratio",
-    "content_words",
-    "length_gate",
-    "length_ratio_score",
-    "letter_share",
-    "lexical_diversity",
-    "overlap_fraction",
-    "passage_overlap",
-    "ramp",
-    "unique_word_ratio",
-    "word_count",
-    "words",
-    "writing_reward",
-]
+from llm_marl.tasks.writing.task import *  # noqa: F403 (the names and __all__ of llm_marl.tasks.writing.task)
+from llm_marl.tasks.writing.task import __all__  # noqa: F401
