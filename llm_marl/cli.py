@@ -609,7 +609,7 @@ def cmd_view(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     from llm_marl import viewer
 
     if not os.path.isdir(ns.run_dir):
-        raise SystemExit(f"llm-marl view: run directory {ns.run_dir!r} does not exist")
+        raise UsageError(f"view: run directory {ns.run_dir!r} does not exist (give the output_dir of a run)")
     if ns.serve:
         viewer.serve(ns.run_dir, ns.port)
         return 0

@@ -77,9 +77,9 @@ def test_view_writes_one_self_contained_file(run_dir, capsys):
     assert "train/turn_1/reward_mean" in index["metrics"]
 
 
-def test_view_names_a_missing_run(tmp_path):
-    with pytest.raises(SystemExit, match="run directory .*nowhere.* does not exist"):
-        main(["view", str(tmp_path / "nowhere")])
+def test_view_names_a_missing_run(tmp_path, capsys):
+    assert main(["view", str(tmp_path / "nowhere")]) == 2  # bad usage, as every other command
+    assert re.search(r"run directory .*nowhere.* does not exist", capsys.readouterr().err)
 
 
 def test_served_page_and_files(run_dir):
