@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 from llm_marl.learners.advantages import group_advantages
 from llm_marl.learners.tree import RolloutNode, iter_nodes
@@ -99,9 +99,3 @@ class RolloutBuffer:
     def discard(self, count: int) -> None:
         """Drop the ``count`` oldest samples (a mini-batch that was trained on)."""
         del self.samples[:count]
-
-    def drain(self, batch_size: int) -> Iterator[list[Sample]]:
-        """Empty the buffer as consecutive mini-batches of at most ``batch_size`` samples."""
-        samples, self.samples = self.samples, []
-        for start in range(0, len(samples), batch_size):
-            yield samples[start : start + batch_size]
