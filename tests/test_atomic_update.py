@@ -127,7 +127,7 @@ def test_an_undisturbed_run_and_a_run_with_a_failed_update_end_with_the_same_wei
     with pytest.raises(FloatingPointError):
         failing._train_batch([1])
     failing.policies["b"].poisoned = False
-    failing._update()
+    failing._train_batch([1])  # the batch is finished, not collected again: its update is retried
     for index in (2, 3):
         failing._train_batch([index])
     assert clean.state.global_step == failing.state.global_step == 2
@@ -153,6 +153,63 @@ def test_steps_before_the_failing_one_stand():
         trainer._train_batch([3])
     assert trainer.state.global_step == 1
     assert [[s.index for s in trainer.buffers[a].samples] for a in ("a", "b")] == [[2, 3], [2, 3]]
+
+
+def fail_once_at(trainer, call):
+    """Agent b's scoring returns NaN on its ``call``-th use only (a transient fault, then fixed)."""
+    calls = {"n": 0}
+    score = trainer.policies["b"].log_probs
+
+    def flaky(observations, completions, reduction="sum"):
+        calls["n"] += 1
+        values = score(observations, completions, reduction)
+        return values * float("nan") if calls["n"] == call else values
+
+    trainer.policies["b"].log_probs = flaky
+
+
+def count_rollouts(trainer):
+    """Counts the task's reward calls: each (item, joint answer) rolled out once is one call."""
+    counted = {"n": 0}
+    task = trainer.env.task
+    reward = task.reward
+
+    def counting(item, actions, history):
+        counted["n"] += 1
+        return reward(item, actions, history)
+
+    task.reward = counting
+    return counted
+
+
+@pytest.mark.parametrize(
+    "items, overrides, failing_call",
+    [
+        (4, {}, 2),  # the update after batch 3 (buffers of 2)
+        (3, {}, 2),  # the epoch's closing update (batch 2 leaves one sample per agent)
+        (4, {"rollout_buffer_size": 4, "train_batch_size": 2}, 2),  # the 2nd mini-batch: step 1 stands
+    ],
+    ids=["mid-epoch", "epoch-end", "second-mini-batch"],
+)
+def test_calling_train_again_after_a_failed_update_gives_the_run_that_never_failed(items, overrides, failing_call):
+    settings = dict(num_train_epochs=2, **overrides)
+
+    def build():
+        trainer = make_trainer(**settings)
+        trainer.env.task.items = items
+        return trainer, count_rollouts(trainer)
+
+    clean, clean_rollouts = build()
+    clean.train()
+    failing, failing_rollouts = build()
+    fail_once_at(failing, failing_call)
+    with pytest.raises(FloatingPointError, match="loss is nan"):
+        failing.train()
+    failing.train()  # the same trainer, the cause gone: nothing is collected or trained twice
+    assert failing.state == clean.state
+    assert failing_rollouts["n"] == clean_rollouts["n"]
+    for agent in ("a", "b"):
+        assert torch.equal(clean.policies[agent].logits, failing.policies[agent].logits), agent
 
 
 # --- item 6: non-finite rewards and returns name agents and the optimizer step ----------------------

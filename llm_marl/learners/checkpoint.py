@@ -121,6 +121,7 @@ def load(trainer: Any, path: str) -> None:
 
     trainer.buffers = {a: RolloutBuffer(extra["buffers"][a]) for a in trainer.agents}
     trainer._pending = extra["pending"]
+    trainer._unfinished = None  # a batch left by a failed update belongs to the state replaced here
     fields = {f.name for f in dataclasses.fields(trainer.state)}
     trainer.state = type(trainer.state)(**{k: v for k, v in saved["state"].items() if k in fields})
 

@@ -109,6 +109,20 @@ class _Backward:
     error: str | None
 
 
+@dataclass
+class _UnfinishedBatch:
+    """A batch whose update raised. The update left the buffers as they were, so ``train()``
+    called again (the cause fixed) retries that update and appends ``rest``, instead of
+    collecting the batch a second time and training on its samples twice."""
+
+    batch_step: int
+    roots: list[RolloutNode]
+    samples: list[Sample]
+    elapsed: float
+    rest: list[Sample]
+    """The batch's samples not yet in the buffers."""
+
+
 class MAGRPOTrainer:
     """Multi-agent GRPO: baseline = mean of the group's K returns (see the module docstring)."""
 
@@ -189,6 +203,7 @@ class MAGRPOTrainer:
         self.eval_logger = eval_logger
         self.eval_aggregator = eval_aggregator
         self.buffers = {a: RolloutBuffer() for a in self.agents}
+        self._unfinished: _UnfinishedBatch | None = None
         self.state = TrainerState()
         self.wandb = None
         if self.dist.is_main and (wandb_config is not None or wants_wandb(self.args.report_to)):
@@ -233,17 +248,19 @@ class MAGRPOTrainer:
         try:
             while self.state.epoch < args.num_train_epochs and not self._reached_max_steps():
                 b = self.state.batch_in_epoch
-                if args.eval_interval and b % args.eval_interval == 0 and self.dist.is_main:
-                    self.evaluate()
                 steps_before = self.state.global_step
+                if b == len(batches):  # train() again after the epoch's closing update raised
+                    self._end_epoch()
+                    self._after_batch(progress, steps_before, True)
+                    continue
+                if args.eval_interval and b % args.eval_interval == 0 and self.dist.is_main and self._unfinished is None:
+                    self.evaluate()
                 self._train_batch(self.dist.shard(batches[b], args.items_per_step))
                 self.state.batch_in_epoch += 1
                 self.state.batch_step += 1
                 epoch_done = self.state.batch_in_epoch == len(batches)
                 if epoch_done:
-                    self._update()
-                    self.state.epoch += 1
-                    self.state.batch_in_epoch = 0
+                    self._end_epoch()
                 progress.update(1)
                 self._after_batch(progress, steps_before, epoch_done)
                 if self.dist.max(int(stop.signum is not None)):
@@ -374,7 +391,31 @@ class MAGRPOTrainer:
 
     # --- one dataset batch ----------------------------------------------------------------------
 
+    def _end_epoch(self) -> None:
+        """Train on what the buffers still hold, then count the epoch."""
+        self._update()
+        self.state.epoch += 1
+        self.state.batch_in_epoch = 0
+
     def _train_batch(self, indices: list[int]) -> None:
+        """Roll out the items ``indices``, buffer their samples and update whenever the buffers
+        are full. If an update raises, the batch is kept (:class:`_UnfinishedBatch`) and the next
+        call for the same batch step finishes it."""
+        unfinished, self._unfinished = self._unfinished, None
+        if unfinished is not None and unfinished.batch_step == self.state.batch_step:
+            try:
+                self._update()
+            except Exception:
+                self._unfinished = unfinished
+                raise
+            self._buffer_and_update(unfinished.batch_step, unfinished.roots, unfinished.samples, unfinished.elapsed, unfinished.rest)
+            return
+        roots, samples, elapsed = self._collect(indices)
+        self._buffer_and_update(self.state.batch_step, roots, samples, elapsed, samples)
+
+    def _collect(self, indices: list[int]) -> tuple[list[RolloutNode], list[Sample], float]:
+        """The batch's trees (items whose task raised dropped under reward_error_policy="skip"),
+        their training samples, and the seconds the rollout took; the trees are recorded."""
         args = self.args
         if self.dist.enabled:
             torch.manual_seed(derive_seed(args.seed, "rank", self.dist.rank, self.state.batch_step))
@@ -397,14 +438,29 @@ class MAGRPOTrainer:
             self._in_training(exc, "a return")
             raise
         self.recorder.train_batch(self.state.batch_step, roots, samples, self.logger)
+        return roots, samples, elapsed
+
+    def _buffer_and_update(
+        self, batch_step: int, roots: list[RolloutNode], samples: list[Sample], elapsed: float, rest: list[Sample]
+    ) -> None:
+        """Append ``rest`` node by node, updating whenever every buffer is full, then log the batch."""
+        args = self.args
         num_agents = len(self.agents)
-        for start in range(0, len(samples), num_agents):
-            for sample in samples[start : start + num_agents]:
+        for start in range(0, len(rest), num_agents):
+            for sample in rest[start : start + num_agents]:
                 self.buffers[sample.agent].append(sample)
             if not self.dist.enabled and self._buffers_full():
-                self._update()
+                try:
+                    self._update()
+                except Exception:
+                    self._unfinished = _UnfinishedBatch(batch_step, roots, samples, elapsed, rest[start + num_agents :])
+                    raise
         if self.dist.enabled and self.dist.max(int(self._buffers_full())):
-            self._update()
+            try:
+                self._update()
+            except Exception:
+                self._unfinished = _UnfinishedBatch(batch_step, roots, samples, elapsed, [])
+                raise
         stepped = sum(len(node.joint) for node in iter_nodes(roots))
         metrics = episode_metrics(roots, args.num_turns, prefix="train")
         metrics["train/env_steps_per_second"] = stepped / max(elapsed, 1e-9)
