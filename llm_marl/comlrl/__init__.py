@@ -4,7 +4,7 @@ except for its imports.
 Migrating a script (or a whole companion repository) is one mechanical rewrite, run at its root
 (the README's *Migrating from CoMLRL* has the same line)::
 
-    grep -rlE '^\s*(from|import) comlrl([. ]|$)' --include='*.py' . | xargs sed -i -E 's/^(\s*)(from|import) comlrl([. ]|$)/\1\2 llm_marl.comlrl\3/'
+    grep -rlE '^\s*(from|import) comlrl([. ]|$)' --include='*.py' . | xargs -r sed -i -E 's/^(\s*)(from|import) comlrl([. ]|$)/\1\2 llm_marl.comlrl\3/'
 
 which turns ``from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer`` into
 ``from llm_marl.comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer``.
