@@ -286,14 +286,16 @@ def test_markdown_escapes_table_breakers():
     assert all(line.count(" | ") >= 1 for line in text.splitlines() if line.startswith("| ") and "---" not in line)
 
 
-def test_actor_critic_trees_record_the_critics_view(tmp_path):
-    """IAC shares the loop: its recorded answers carry the critic's advantages as trained on, V
-    and the TD targets, and no baseline-mode advantages (there is none)."""
+@pytest.mark.parametrize("normalize", [False, True])
+def test_actor_critic_trees_record_the_critics_view(tmp_path, normalize):
+    """IAC shares the loop: its recorded answers carry the critic's advantages y - V as the
+    baseline's, V and the TD targets. Without normalization those are the advantages trained on;
+    with it the update whitens them over its whole buffer, so none is claimed as trained on."""
     from llm_marl.learners import IACConfig, IACTrainer
 
     args = IACConfig(num_turns=2, num_generations=2, num_train_epochs=1, agent_learning_rate=0.1, critic_learning_rate=0.1,
                      eval_interval=0, logging_steps=1, progress_bar=False, early_termination_threshold=None,
-                     output_dir=str(tmp_path / "run"), rollout_log_steps=1, seed=3)
+                     output_dir=str(tmp_path / "run"), rollout_log_steps=1, seed=3, advantage_normalization=normalize)
     trainer = IACTrainer(env=DialogueEnv(ColourMatch(num_items=2, num_turns=2)),
                          policies=[TabularPolicy(list(MENU)), TabularPolicy(list(MENU))], args=args)
     seen = spy(trainer)
@@ -305,6 +307,8 @@ def test_actor_critic_trees_record_the_critics_view(tmp_path):
     for node, saved in zip(roots[0].nodes(), record["nodes"]):
         for a, agent in enumerate(trainer.agents):
             data, sample = saved["agents"][agent], by_node[id(node)][a]
-            assert data["advantages"] == sample.advantages and data["advantages_baseline"] is None
+            raw = [y - v for y, v in zip(sample.targets, sample.values)] if args.critic_type == "v" else None
+            assert data["advantages_baseline"] == sample.advantages == pytest.approx(raw)
+            assert data["advantages"] == (None if normalize else sample.advantages)
             assert data["critic"]["values"] == sample.values and data["critic"]["targets"] == sample.targets
     assert record["settings"]["advantage_mode"] is None and record["settings"]["critic_type"] == args.critic_type

@@ -33,9 +33,12 @@ Schema (``version`` 1) of one line::
                 "returns": per-answer returns (docs/algorithms.md §3.7),
                 "kl": per-answer reference KL or null,
                 "penalized_returns": returns - coef * kl (what the baseline saw) or null,
-                "advantages_baseline": after the baseline, before normalization (null in eval
-                                       and for actor-critic learners),
-                "advantages": as trained on, after normalization (null in eval),
+                "advantages_baseline": after the baseline, before normalization: the group
+                                       baseline's, or y - V of an actor-critic learner's
+                                       critic (null in eval),
+                "advantages": as trained on, after normalization (null in eval, and for
+                              actor-critic learners with advantage_normalization, which
+                              whiten at the update over the whole buffer),
                 "critic": actor-critic learners: {"values", "action_values", "targets",
                           "rewards" (KL-shaped)} per answer; null otherwise}}}
 
@@ -107,6 +110,29 @@ def _completion(completion: Completion) -> dict[str, Any]:
     return {"text": completion.text, "tokens": None if ids is None else len(ids), "action": completion.action}
 
 
+def _baseline_advantages(sample: Any, settings: Mapping[str, Any]) -> list[float] | None:
+    """The advantages after the baseline, before normalization: the group baseline's for the
+    REINFORCE learners, y - V (or y - Q) of the critic for the actor-critic ones."""
+    if sample is None:
+        return None
+    if settings.get("critic_type") is not None:
+        return list(sample.advantages)  # the critic's, before the update whitens them
+    if settings.get("advantage_mode") is None:
+        return None
+    return group_advantages(list(sample.returns), settings["advantage_mode"], normalize=False)
+
+
+def _trained_advantages(sample: Any, settings: Mapping[str, Any]) -> list[float] | None:
+    """The advantages as trained on. Actor-critic learners whiten theirs at the update, over
+    every sample the buffer holds then (not only this batch's): with normalization on, they are
+    not known when the tree is recorded, and null is recorded rather than a different number."""
+    if sample is None:
+        return None
+    if settings.get("critic_type") is not None and settings.get("advantage_normalization"):
+        return None
+    return list(sample.advantages)
+
+
 def _critic_fields(sample: Any) -> dict[str, Any] | None:
     """What an actor-critic sample adds (V of the observation, Q of the answers, TD targets,
     shaped rewards); None for other samples."""
@@ -153,10 +179,8 @@ def tree_record(
                 "returns": node.agent_returns(agent),
                 "kl": kl,
                 "penalized_returns": list(sample.returns) if kl is not None and settings.get("advantage_mode") else None,
-                "advantages_baseline": None
-                if sample is None or settings.get("advantage_mode") is None
-                else group_advantages(list(sample.returns), settings["advantage_mode"], normalize=False),
-                "advantages": None if sample is None else list(sample.advantages),
+                "advantages_baseline": _baseline_advantages(sample, settings),
+                "advantages": _trained_advantages(sample, settings),
                 "critic": _critic_fields(sample),
             }
         records.append(
