@@ -188,7 +188,6 @@ def echo_run(learner, seed, epochs, blind=False, **overrides):
 ECHO = dict(num_generations=1, rollout_buffer_size=4, agent_learning_rate=0.2, critic_learning_rate=0.2)
 
 
-@pytest.mark.slow
 def test_central_critic_against_independent_critics_when_a_reward_depends_on_an_earlier_answer():
     """Measured, reported whichever wins (README, Actor-critic learners): the mean success
     probability over 5 seeds after 80 epochs of IAC, MAAC and the reward-blind control."""
