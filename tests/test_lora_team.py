@@ -171,6 +171,40 @@ def test_one_forward_scoring_equals_per_agent_scoring_with_gradients(model_dir):
     torch.testing.assert_close(sums["agent_1"], together["agent_1"][0].sum(-1))
 
 
+def test_env_agents_are_routed_to_their_policys_adapter_whatever_the_names(model_dir):
+    """The team is asked by adapter, not by env agent name: adapters named otherwise than the
+    env's agents, or handed to the agents in another order, sample and score each agent's rows
+    through that agent's own adapter (as the policy alone does); one adapter for two agents raises."""
+    from llm_marl.learners.buffer import Sample
+    from llm_marl.learners.reinforce import _score_batches
+    from llm_marl.learners.tree import sample_agents
+
+    team = team_of(model_dir, agents=("writer", "editor"), max_new_tokens=5)
+    perturb(team, seed=5)
+    policies = {"agent_0": team.policies["editor"], "agent_1": team.policies["writer"]}
+    observations = {"agent_0": PROMPTS[:2], "agent_1": PROMPTS[1:]}
+    asked = []
+    original = team.sample
+    team.sample = lambda requests, n: asked.append({k: list(v) for k, v in requests.items()}) or original(requests, n)
+    torch.manual_seed(0)
+    answers = sample_agents(policies, observations, 2, {a: [None] * len(o) for a, o in observations.items()})
+    assert asked == [{"editor": PROMPTS[:2], "writer": PROMPTS[1:]}]
+    batches = {
+        agent: [Sample(agent=agent, index=i, turn=1, observation=o, completions=group, returns=[0.0, 0.0], advantages=[1.0, -1.0])
+                for i, (o, group) in enumerate(zip(observations[agent], answers[agent]))]
+        for agent in policies
+    }
+    with torch.no_grad():
+        together = _score_batches(policies, batches, "sum")
+        for agent, policy in policies.items():
+            alone = policy.log_probs([s.observation for s in batches[agent] for _ in s.completions],
+                                     [c for s in batches[agent] for c in s.completions])
+            torch.testing.assert_close(together[agent], alone, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="same team member 'editor'"):
+        sample_agents({"agent_0": team.policies["editor"], "agent_1": team.policies["editor"]}, observations, 1,
+                      {a: [None] * len(o) for a, o in observations.items()})
+
+
 def test_reference_is_the_base_and_an_untrained_adapter_has_kl_exactly_zero(model_dir):
     team = team_of(model_dir, agents=AGENTS[:2])
     trainer = MAGRPOTrainer(env=multi_turn_env(), policies=team.policies, args=config(reference_kl_enabled=True))

@@ -46,7 +46,7 @@ from llm_marl.learners.interrupt import StopRequests, TrainingInterrupted
 from llm_marl.learners.config import MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig
 from llm_marl.learners.logging import RunLogger, open_wandb, wants_wandb
 from llm_marl.learners.recording import RolloutRecorder
-from llm_marl.learners.tree import RolloutNode, collect_trees, derive_seed, grow_trees, iter_nodes
+from llm_marl.learners.tree import RolloutNode, collect_trees, derive_seed, grow_trees, iter_nodes, team_members
 from llm_marl.policies.base import Completion, Policy, token_log_probs_of
 from llm_marl.tasks.base import TaskError
 
@@ -816,7 +816,9 @@ def _score_batches(
     for group in _update_groups(policies, list(requests)):
         team = getattr(policies[group[0]], "team", None)
         if len(group) > 1 and team is not None:
-            scored.update(team.log_probs({agent: requests[agent] for agent in group}, reduction=reduction))
+            names = team_members(policies, group)
+            got = team.log_probs({names[agent]: requests[agent] for agent in group}, reduction=reduction)
+            scored.update({agent: got[names[agent]] for agent in group})
         else:
             for agent in group:
                 scored[agent] = policies[agent].log_probs(*requests[agent], reduction=reduction)

@@ -133,8 +133,23 @@ def sample_agents(
         else:
             answers[agent] = _sample(policies[agent], observations[agent], num_samples, seeds[agent])
     for team, members in teams.values():
-        answers.update(team.sample({agent: observations[agent] for agent in members}, num_samples))
+        names = team_members(policies, members)
+        got = team.sample({names[agent]: observations[agent] for agent in members}, num_samples)
+        answers.update({agent: got[names[agent]] for agent in members})
     return {agent: answers[agent] for agent in observations}
+
+
+def team_members(policies: Mapping[str, Policy], agents: Sequence[str]) -> dict[str, str]:
+    """Env agent -> the name its team knows its policy by (an adapter policy's ``adapter``),
+    which need not be the env agent's own name. Two agents on one member of a team would share
+    its weights: that raises."""
+    names = {agent: str(getattr(policies[agent], "adapter", agent)) for agent in agents}
+    seen: dict[str, str] = {}
+    for agent, name in names.items():
+        if name in seen:
+            raise ValueError(f"agents {seen[name]!r} and {agent!r} are given the same team member {name!r} (one adapter): give each agent its own")
+        seen[name] = agent
+    return names
 
 
 def fork_env(env: ParallelEnv) -> ParallelEnv:
