@@ -358,7 +358,7 @@ def _make_policies(options: dict[str, Any], env: Any, args: Any, explicit: set[s
 
         hf_logging.disable_progress_bar()
 
-        if args.lora_r is not None:
+        if args.lora_r is not None or _saved_adapters(options.get("model"), env.possible_agents):
             return _adapter_team(options.get("model") or "tiny", env, args)
         policies = []
         for agent, path in zip(env.possible_agents, _model_paths(options.get("model") or "tiny", env.possible_agents)):
@@ -416,13 +416,36 @@ def _model_paths(model: Any, agents: Sequence[str]) -> list[str]:
     return paths
 
 
+def _saved_adapters(model: Any, agents: Sequence[str]) -> dict[str, str] | None:
+    """Agent -> adapter folder where ``model`` is a team's saved adapters: a run's ``final/``
+    (``agent_0 ... agent_{N-1}``) or ``LoRATeam.save_pretrained``'s ``<agent>/`` folders; else None."""
+    if not isinstance(model, (str, os.PathLike)) or not os.path.isdir(model):
+        return None
+    for names in ([f"agent_{i}" for i in range(len(agents))], list(agents)):
+        folders = [os.path.join(model, name) for name in names]
+        if all(os.path.isfile(os.path.join(f, "adapter_config.json")) for f in folders):
+            return dict(zip(agents, folders))
+    return None
+
+
 def _adapter_team(model: Any, env: Any, args: Any) -> list[Any]:
-    """``--lora_r R``: every agent a LoRA adapter of one shared base (LoRATeam)."""
+    """``--lora_r R``: every agent a LoRA adapter of one shared base (LoRATeam); a ``--model``
+    folder of saved adapters (a team run's ``final/``) continues them on their base."""
     from llm_marl.policies.lora_team import LoRATeam, team_options
 
     if isinstance(model, list) or "," in str(model):
         raise UsageError(f"--lora_r: the agents are adapters of ONE base model; give one --model, not {model!r}")
     agents = list(env.possible_agents)
+    saved = _saved_adapters(model, agents)
+    if saved is not None:
+        with open(os.path.join(saved[agents[0]], "adapter_config.json"), encoding="utf-8") as handle:
+            base = json.load(handle).get("base_model_name_or_path")
+        if not base:
+            raise UsageError(f"--model {model}: its adapters do not name their base model (base_model_name_or_path)")
+        print(f"llm-marl: --model {model}: one LoRA adapter per agent on base {base}; training continues them")
+        options = {**team_options(args), "r": None, "alpha": None, "target_modules": None}
+        team = LoRATeam.from_pretrained(base, agents, dtype=args.model_dtype, adapters=saved, **options)
+        return [team.policies[agent] for agent in agents]
     if model == "tiny":
         from llm_marl.policies.tiny import build_tiny_model, default_model_dir
 

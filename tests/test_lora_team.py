@@ -456,3 +456,25 @@ def test_config_fields_build_a_team_in_the_drop_in_constructor_and_the_cli(model
     )
     team = next(iter(built.policies.values())).team
     assert set(team.agents) == set(built.agents) and team.model.peft_config[built.agents[0]].r == 2
+
+
+def test_a_team_runs_final_folder_continues_as_a_team_from_the_cli(model_dir, tmp_path, capsys):
+    """``--model run/final`` of a team run (``final/agent_i`` are adapters): the next run is the
+    same team on the same base, its adapters as saved and trainable, with or without --lora_r."""
+    from llm_marl.cli import build_trainer
+
+    options = {"env": "WritingCollab-v0", "policy": "lm", "model": str(model_dir), "lora_r": 2, "num_turns": 1,
+               "max_new_tokens": 4, "progress_bar": False, "train_items": 2, "agent_learning_rate": 0.05}
+    first = build_trainer(options)
+    first.train()
+    first.save_model(str(tmp_path / "final"))
+    trained = {a: adapter_state(p) for a, p in first.policies.items()}
+    for lora_r in (None, 8):
+        again = build_trainer({**options, "model": str(tmp_path / "final"), "lora_r": lora_r})
+        assert "training continues them" in capsys.readouterr().out
+        team = next(iter(again.policies.values())).team
+        assert set(team.agents) == set(again.agents) and team.model.peft_config[again.agents[0]].r == 2  # as saved
+        for agent, policy in again.policies.items():
+            state = adapter_state(policy)
+            assert state and all(torch.equal(state[n], trained[agent][n]) for n in state), agent
+            assert all(p.requires_grad for p in policy.parameters())

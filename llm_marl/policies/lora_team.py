@@ -275,7 +275,7 @@ class LoRATeam:
         target_modules: Sequence[str] | str | None = None,
         *,
         dropout: float = 0.0,
-        adapters: str | os.PathLike[str] | None = None,
+        adapters: str | os.PathLike[str] | Mapping[str, str | os.PathLike[str]] | None = None,
         dtype: str | torch.dtype | None = None,
         gradient_checkpointing: bool = False,
         init_seed: int = 0,
@@ -285,7 +285,9 @@ class LoRATeam:
     ) -> "LoRATeam":
         """Load the base with the ``Auto*`` classes and give each agent a new LoRA adapter
         (``r``, ``alpha``, ``target_modules``: None lets peft pick the attention projections of
-        known architectures), or with ``adapters=dir`` the saved adapters ``dir/<agent>/``.
+        known architectures), or with ``adapters=dir`` the saved adapters ``dir/<agent>/`` (or
+        ``adapters={agent: folder}``, e.g. a run's ``final/agent_i``), which keep their own ``r``,
+        ``alpha`` and target modules.
         ``dtype`` (e.g. ``"bfloat16"``) is the base's weight dtype; agent ``i``'s new adapter is
         initialised from seed ``init_seed + i`` (the global RNG is untouched); ``settings`` are
         those of :class:`CausalLMPolicy`."""
@@ -321,7 +323,7 @@ class LoRATeam:
         alpha: float = 16,
         target_modules: Sequence[str] | str | None = None,
         dropout: float = 0.0,
-        adapters: str | os.PathLike[str] | None = None,
+        adapters: str | os.PathLike[str] | Mapping[str, str | os.PathLike[str]] | None = None,
         gradient_checkpointing: bool = False,
         init_seed: int = 0,
         **settings: Any,
@@ -330,25 +332,29 @@ class LoRATeam:
         from peft import LoraConfig, PeftModel, get_peft_model
 
         agents = _check_agents(agents)
-        if not isinstance(r, int) or isinstance(r, bool) or r < 1:
-            raise ValueError(f"r (lora_r) must be an int >= 1, got {r!r}")
-        if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or alpha <= 0:
-            raise ValueError(f"alpha (lora_alpha) must be a number > 0, got {alpha!r}")
+        if adapters is None:
+            if not isinstance(r, int) or isinstance(r, bool) or r < 1:
+                raise ValueError(f"r (lora_r) must be an int >= 1, got {r!r}")
+            if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or alpha <= 0:
+                raise ValueError(f"alpha (lora_alpha) must be a number > 0, got {alpha!r}")
         for p in base.parameters():
             p.requires_grad_(False)
-        if adapters is not None:
-            folder = Path(adapters)
-            saved = folder / agents[0] / SETTINGS_FILE if agents else None
+        if adapters is not None:  # the saved adapters keep their own r, alpha and target modules
+            if isinstance(adapters, Mapping):
+                folders = {a: Path(adapters[a]) for a in agents if a in adapters}
+            else:
+                folders = {a: Path(adapters) / a for a in agents}
+            saved = folders[agents[0]] / SETTINGS_FILE if agents[0] in folders else None
             if saved is not None and saved.is_file():
                 with open(saved, encoding="utf-8") as handle:
                     stored = json.load(handle)
                 settings = {**{k: v for k, v in stored.items() if k in _SETTING_NAMES}, **settings}
-            absent = [a for a in agents if not (folder / a / "adapter_config.json").is_file()]
+            absent = [a for a in agents if a not in folders or not (folders[a] / "adapter_config.json").is_file()]
             if absent:
-                raise FileNotFoundError(f"{folder}: no saved adapter for agent(s) {absent} (expected {folder}/<agent>/)")
-            model = PeftModel.from_pretrained(base, str(folder / agents[0]), adapter_name=agents[0], is_trainable=True)
+                raise FileNotFoundError(f"{adapters}: no saved adapter for agent(s) {absent} (expected <folder>/<agent>/adapter_config.json)")
+            model = PeftModel.from_pretrained(base, str(folders[agents[0]]), adapter_name=agents[0], is_trainable=True)
             for agent in agents[1:]:
-                model.load_adapter(str(folder / agent), adapter_name=agent, is_trainable=True)
+                model.load_adapter(str(folders[agent]), adapter_name=agent, is_trainable=True)
         else:
             modules = [target_modules] if isinstance(target_modules, str) else target_modules
             config = LoraConfig(
