@@ -478,3 +478,45 @@ def test_a_team_runs_final_folder_continues_as_a_team_from_the_cli(model_dir, tm
             state = adapter_state(policy)
             assert state and all(torch.equal(state[n], trained[agent][n]) for n in state), agent
             assert all(p.requires_grad for p in policy.parameters())
+
+
+@pytest.fixture(scope="module")
+def qwen2_dir(model_dir, tmp_path_factory):
+    """A tiny random Qwen2 (grouped-query attention, no fused c_attn, Linear layers: peft's
+    default targets q_proj and v_proj) with the tiny GPT-2's tokenizer."""
+    from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.eos_token_id)
+    folder = tmp_path_factory.mktemp("qwen2") / "m"
+    Qwen2ForCausalLM(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_a_team_on_a_qwen2_shaped_base_samples_scores_and_trains(qwen2_dir):
+    team = LoRATeam.from_pretrained(qwen2_dir, agents=AGENTS[:2], r=4, alpha=8, target_modules=None, max_new_tokens=4,
+                                    temperature=1.0, top_p=None, top_k=None)
+    assert set(team.model.peft_config["agent_0"].target_modules) == {"q_proj", "v_proj"}
+    assert team.model.peft_config["agent_0"].fan_in_fan_out is False
+    perturb(team, seed=2)
+    torch.manual_seed(1)
+    answers = team.sample({"agent_0": PROMPTS[:2], "agent_1": PROMPTS[2:]}, 2)
+    requests = {"agent_0": ([PROMPTS[0]] * 2, answers["agent_0"][0]), "agent_1": ([PROMPTS[2]] * 2, answers["agent_1"][0])}
+    together = team.token_log_probs(requests)
+    for agent in requests:
+        alone = team.policies[agent].token_log_probs(*requests[agent])
+        torch.testing.assert_close(together[agent][0], alone[0], atol=1e-5, rtol=0)
+    base_before = base_state(team)
+    adapters_before = {a: adapter_state(p) for a, p in team.policies.items()}
+    trainer = MAGRPOTrainer(env=multi_turn_env(num_turns=1), policies=team.policies, args=config(num_turns=1))
+    trainer.train()
+    assert trainer.state.global_step >= 1
+    assert all(torch.equal(base_before[n], p) for n, p in team.model.named_parameters() if "lora_" not in n)
+    for agent, policy in team.policies.items():
+        after = adapter_state(policy)
+        assert any(not torch.equal(adapters_before[agent][n], after[n]) for n in after), agent
