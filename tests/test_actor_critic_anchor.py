@@ -86,6 +86,32 @@ def test_maac_anchor_keywords_take_one_critic_source_loaded_from_a_path(model_pa
                     external_transition=transition, train_dataset=TRAIN, args=small(MAACConfig))
 
 
+def test_a_central_critic_model_object_tokenizes_with_its_own_tokenizer_not_agent_0s(model_path):
+    """Q16: CoMLRL's central critic tokenizes with agent 0's tokenizer. Here a critic model object
+    takes the tokenizer saved with it; without one, agents with different tokenizers need
+    model_config['critic_tokenizer']."""
+    from transformers import AutoTokenizer
+
+    other = AutoTokenizer.from_pretrained(model_path)
+    other.add_special_tokens({"additional_special_tokens": ["<partner>"]})  # agent 1's tokenizer differs
+    tokenizers = [AutoTokenizer.from_pretrained(model_path), other]
+
+    def build(critic_model, **model_config):
+        return MAACTrainer(agent_model=model_path, tokenizer=tokenizers, critic_model=critic_model, reward_func=reward,
+                           external_transition=transition, train_dataset=TRAIN, args=small(MAACConfig),
+                           model_config=model_config or None)
+
+    [critic] = build(AutoModelForCausalLM.from_pretrained(model_path)).critics.values()
+    assert critic.tokenizer is not tokenizers[0] and critic.tokenizer.name_or_path == model_path
+    assert "<partner>" not in critic.tokenizer.get_vocab()
+    anonymous = AutoModelForCausalLM.from_pretrained(model_path)
+    anonymous.config._name_or_path = ""
+    with pytest.raises(ValueError, match=r"different tokenizers .* model_config\['critic_tokenizer'\]"):
+        build(anonymous)
+    [critic] = build(anonymous, critic_tokenizer=model_path).critics.values()
+    assert critic.tokenizer.name_or_path == model_path
+
+
 def test_shared_placement_rejects_critic_sources(model_path):
     with pytest.raises(ValueError, match="use_separate_critic=False puts the value head on each agent's own model"):
         IACTrainer(agent_model=model_path, critic_model=model_path, reward_func=reward, external_transition=transition,

@@ -224,10 +224,34 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
         if hasattr(source, "values") and hasattr(source, "parameters"):
             return copy.deepcopy(source) if shared_source else source
         if hasattr(source, "forward") and hasattr(source, "config"):
-            tokenizer = self.tokenizers[0 if self.central else i]
+            tokenizer = self._critic_tokenizer(source, i, model_config)
             model = copy.deepcopy(source) if shared_source else source
             return CausalLMCritic(model, tokenizer, num_outputs=outputs, hidden_dim=width)
         raise TypeError(f"critic {i}: expected a model id/path, a causal LM or a Critic, got {type(source).__name__}")
+
+    def _critic_tokenizer(self, model: Any, i: int, model_config: dict[str, Any]) -> Any:
+        """The tokenizer of a critic given as a model object: ``model_config["critic_tokenizer"]``
+        (a tokenizer, or a path or id), else (central critic) the one saved with the model, else
+        the agents' when they all share one; agent ``i``'s for agent ``i``'s own critic. A central
+        critic never falls back to agent 0's tokenizer over agents with others (CoMLRL's Q16)."""
+        from transformers import AutoTokenizer
+
+        given = model_config.get("critic_tokenizer")
+        if given is not None:
+            return AutoTokenizer.from_pretrained(given) if isinstance(given, (str, os.PathLike)) else given
+        if not self.central:
+            return self.tokenizers[i]
+        path = getattr(getattr(model, "config", None), "_name_or_path", "") or ""
+        if path and os.path.isdir(path):
+            return AutoTokenizer.from_pretrained(path)
+        first = self.tokenizers[0]
+        alike = lambda t: t is first or (type(t) is type(first) and t.get_vocab() == first.get_vocab())  # noqa: E731
+        if all(alike(t) for t in self.tokenizers):
+            return first
+        raise ValueError(
+            "critic_model: the agents use different tokenizers and the critic model has no saved one "
+            "(config._name_or_path); pass the critic's own as model_config['critic_tokenizer']"
+        )
 
     def checkpoint_extras(self) -> dict[str, Any]:
         """Critics and their optimizers, saved in and restored from checkpoints."""
