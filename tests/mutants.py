@@ -144,8 +144,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "partly filled buffers not consumed at the end of an epoch",
         "llm_marl/learners/reinforce.py",
-        "                if epoch_done:\n                    self._update()\n",
-        "                if epoch_done:\n                    pass\n",
+        "        self._update()\n        self.state.epoch += 1\n",
+        "        pass\n        self.state.epoch += 1\n",
         ("tests/test_learners.py",),
     ),
     Mutant(

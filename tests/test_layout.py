@@ -230,3 +230,14 @@ def test_old_sandbox_path_reexports_with_a_deprecation_warning(monkeypatch):
         old = importlib.import_module("llm_marl.tasks.sandbox")
     for name in ("run_program", "run_programs", "run_tests", "SandboxResult", "SandboxError"):
         assert getattr(old, name) is getattr(new, name)
+
+
+def test_the_code_tasks_old_module_level_names_still_import():
+    """Before the move to tasks/code/, ``llm_marl.tasks.code`` was one module: its functions keep
+    their import path, and register_envs (now the registry's job) only warns."""
+    from llm_marl.tasks.code import full_feedback, register_envs
+    from llm_marl.tasks.code.task import full_feedback as moved
+
+    assert full_feedback is moved
+    with pytest.warns(DeprecationWarning, match="no longer needed"):
+        register_envs()

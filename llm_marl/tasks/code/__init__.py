@@ -111,7 +111,7 @@ from llm_marl.tasks.code.humaneval import (  # noqa: F401 (EVAL_MODULUS: re-expo
     split_problems,
 )
 from llm_marl.tasks.code.reward import AUX_NAME, MAX_SCORE, score_answers
-from llm_marl.tasks.code.task import FEEDBACK_MODES, CoopCodeTask, eval_aggregator, eval_logger
+from llm_marl.tasks.code.task import FEEDBACK_MODES, CoopCodeTask, eval_aggregator, eval_logger, full_feedback
 
 __all__ = [
     "AUX_NAME",
@@ -121,9 +121,23 @@ __all__ = [
     "eval_aggregator",
     "eval_logger",
     "extract_code",
+    "full_feedback",
     "humaneval_problems",
     "kept_code",
     "prepare_problem",
+    "register_envs",
     "score_answers",
     "split_check",
 ]
+
+
+def register_envs(*, override: bool = True) -> None:
+    """Deprecated: the CoopCode ids are declared in :mod:`llm_marl.envs.registry` and need no
+    call; kept for one release so that old scripts run (it only warns)."""
+    import warnings
+
+    warnings.warn(
+        "llm_marl.tasks.code.register_envs() is no longer needed: CoopCode ids are registered by llm_marl.envs.registry",
+        DeprecationWarning,
+        stacklevel=2,
+    )
