@@ -713,11 +713,11 @@ def parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 def _usage_errors() -> tuple[type, ...]:
     from llm_marl.envs.plugins import UnknownEnvError
-    from llm_marl.learners.checkpoint import NothingToResume
+    from llm_marl.learners.checkpoint import NoSuchCheckpoint, NothingToResume
     from llm_marl.learners.config_types import ConfigTypeError
     from llm_marl.learners.run_folder import RunFolderError
 
-    return (UsageError, ConfigTypeError, RunFolderError, NothingToResume, UnknownEnvError)
+    return (UsageError, ConfigTypeError, RunFolderError, NothingToResume, NoSuchCheckpoint, UnknownEnvError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -113,6 +113,7 @@ MESSAGES = [
     (["train", "--env", "ClimbingGame-v0", "--num-turn", "1"], "unrecognized arguments: --num-turn 1"),
     (["train", "--env", "ClimbingGame-v0", "--import", "no_such_module_xyz"], "--import no_such_module_xyz: cannot import it"),
     (["eval", "--env", "ClimbingGame-v0", "--checkpoint", "{tmp}/nope"], "--checkpoint {tmp}/nope: no such checkpoint folder"),
+    (["train", "--env", "ClimbingGame-v0", "--resume", "{tmp}/run/checkpoint-2"], "{tmp}/run/checkpoint-2: no such checkpoint folder"),
     (["plot", "{tmp}/typo"], "no such run folder: {tmp}/typo"),
 ]
 

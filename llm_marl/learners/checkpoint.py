@@ -137,7 +137,7 @@ def verify(path: str) -> None:
     """Raise CheckpointError unless every file of the manifest is present and intact."""
     manifest_path = os.path.join(path, "manifest.json")
     if not os.path.isdir(path):
-        raise CheckpointError(f"{path}: no such checkpoint folder")
+        raise NoSuchCheckpoint(f"{path}: no such checkpoint folder")
     if not os.path.exists(manifest_path):
         raise CheckpointError(f"{path}: no manifest.json (the checkpoint was not completely written)")
     try:
@@ -173,6 +173,10 @@ def run_checkpoints(output_dir: str, run_id: str | None) -> list[str]:
 
 class NothingToResume(CheckpointError):
     """Resume was asked for, but the run folder holds no checkpoint of the run."""
+
+
+class NoSuchCheckpoint(CheckpointError):
+    """The checkpoint folder named does not exist (a wrong path: bad usage, not a broken run)."""
 
 
 def resolve(spec: str | bool, output_dir: str | None, run_id: str | None = None) -> str:
