@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import signal
+import warnings
 
 import pytest
 
@@ -74,6 +75,19 @@ def test_a_checkpoint_of_another_run_is_moved_aside_not_replaced(tmp_path):
         checkpoint.save(intruder)
     [aside] = [p for p in out.iterdir() if p.name.startswith("checkpoint-3.replaced-")]
     assert digest(aside) == foreign
+
+
+def test_resuming_an_older_checkpoint_moves_the_run_s_later_one_aside_not_silently_replaced(tmp_path):
+    out = tmp_path / "run"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # checkpoint-3 is saved twice (periodic, then closing): no warning
+        trainer(out, save_steps=1, save_total_limit=None).train()
+    later = digest(out / "checkpoint-3")
+    resumed = trainer(out, save_steps=1, save_total_limit=None)
+    with pytest.warns(UserWarning, match=r"checkpoint-3 belonged to this run before the checkpoint it resumed from; moved it aside"):
+        resumed.train(resume_from_checkpoint=str(out / "checkpoint-1"))
+    [aside] = [p for p in out.iterdir() if p.name.startswith("checkpoint-3.replaced-")]
+    assert digest(aside) == later and (out / "checkpoint-3" / "manifest.json").exists()
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

@@ -81,14 +81,18 @@ def save(trainer: Any) -> str:
     )
     _write_json(os.path.join(tmp, "manifest.json"), _manifest(tmp))
     _fsync_tree(tmp)
+    written = trainer.__dict__.setdefault("_checkpoints_written", set())
     if os.path.exists(final):
-        if run_id is not None and _run_of(final).get("run_id") == run_id:
-            shutil.rmtree(final)  # an earlier state of this run at the same step
+        if final in written:
+            shutil.rmtree(final)  # this trainer wrote it, at this same step (e.g. the closing save)
         else:
+            own = run_id is not None and _run_of(final).get("run_id") == run_id
+            whose = "this run before the checkpoint it resumed from" if own else "another run"
             aside = f"{final}.replaced-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
             os.rename(final, aside)
-            warnings.warn(f"{final} belonged to another run; moved it aside to {aside}")
+            warnings.warn(f"{final} belonged to {whose}; moved it aside to {aside}")
     os.replace(tmp, final)
+    written.add(final)
     trainer.state.last_checkpoint = final
     _rotate(output_dir, trainer.args.save_total_limit, keep=final, run_id=run_id)
     return final
