@@ -288,9 +288,11 @@ def build_trainer(options: dict[str, Any], explicit: set[str] | None = None) -> 
         raise UsageError(f"config: {exc}") from None
     policies = _make_policies(options, env, args, explicit)
     try:
-        return trainer_class(env=env, policies=policies, args=args, eval_env=eval_env)
+        trainer = trainer_class(env=env, policies=policies, args=args, eval_env=eval_env)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
+    trainer.launch_identity = {k: options.get(k) for k in ("env", "policy", "model", "actions", "train_items")}
+    return trainer
 
 
 def _import_modules(names: Sequence[str]) -> None:

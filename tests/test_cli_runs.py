@@ -107,6 +107,15 @@ def test_resume_takes_the_newest_checkpoint_of_its_own_run(tmp_path):
                    "--agent_learning_rate", "0.5"])
     assert changed.returncode == 2
     assert "agent_learning_rate: 0.3 -> 0.5" in changed.stderr
+    before = tree_digest(part)
+    elsewhere = run(["train", "--env", "PenaltyGame-v0", *QUICK, *steps, "--num_train_epochs", "8",
+                     "--output_dir", str(part), "--resume"])
+    assert elsewhere.returncode == 2
+    assert "env: 'ClimbingGame-v0' -> 'PenaltyGame-v0'" in elsewhere.stderr
+    other_menu = run(["train", *CLIMB, *steps, "--num_train_epochs", "8", "--output_dir", str(part), "--resume",
+                      "--actions", "x,y,z"])
+    assert other_menu.returncode == 2 and "actions: None -> 'x,y,z'" in other_menu.stderr
+    assert tree_digest(part) == before  # nothing written by the refused resumes
 
 
 # --- custom envs ---------------------------------------------------------------------------------

@@ -64,6 +64,17 @@ def test_resume_checks_the_config_and_picks_the_run_s_own_newest_checkpoint(tmp_
     assert (out / "checkpoint-5").exists()
 
 
+def test_resume_checks_the_env_and_the_policies_too(tmp_path):
+    out = tmp_path / "run"
+    trainer(out).train()
+    menu = ["alpha", "beta", "gamma"]
+    other_env = MAGRPOTrainer(env=make("PenaltyGame-v0"), policies=[TabularPolicy(menu), TabularPolicy(menu)],
+                              args=trainer(out).args)
+    with pytest.raises(RunFolderError, match=r"another env \(env: 'ClimbingGame_v0' -> 'PenaltyGame_v0'\)"):
+        other_env.train(resume_from_checkpoint=True)
+    assert trainer(out, num_train_epochs=4).train(resume_from_checkpoint=True).global_step == 4  # the same launch resumes
+
+
 def test_a_checkpoint_of_another_run_is_moved_aside_not_replaced(tmp_path):
     out = tmp_path / "run"
     trainer(out).train()

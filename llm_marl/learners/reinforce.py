@@ -212,6 +212,7 @@ class MAGRPOTrainer:
         self.recorder = RolloutRecorder.from_args(self.args, self.agents, enabled=self.dist.is_main)
         self._pending: dict[str, list[float]] = {}
         self.run_id: str | None = None
+        self.launch_identity: dict[str, Any] = {}  # launch settings a resume must repeat (the CLI's env id, model, menu)
 
     # --- public API ---------------------------------------------------------------------------
 
@@ -277,6 +278,14 @@ class MAGRPOTrainer:
     def _mirrors(self) -> list[Any]:
         return [self.wandb] if self.wandb is not None else []
 
+    def _launch(self) -> dict[str, Any]:
+        """What the run is made of beyond its config (recorded in run.json; resume checks it):
+        the env's name, each agent's policy class, and what the CLI adds in ``launch_identity``
+        (env id, model, menu, train_items)."""
+        env = self.env
+        name = (getattr(env, "metadata", None) or {}).get("name") or type(getattr(env, "task", env)).__name__
+        return {"env": name, "policies": {a: type(p).__name__ for a, p in self.policies.items()}, **self.launch_identity}
+
     def _claim_run_folder(self, resume: str | bool | None) -> str | None:
         """Claim ``output_dir`` for this run (run_folder.py); the checkpoint to resume, if any.
         A trainer that trains again continues its own run in its folder."""
@@ -290,19 +299,19 @@ class MAGRPOTrainer:
             return None  # train() again on this trainer: the same run continues
         if not resume:
             if self.dist.is_main:
-                identity, moved = run_folder.claim_new(out, self.args)
+                identity, moved = run_folder.claim_new(out, self.args, self._launch())
                 if moved:
                     print(f"[llm_marl] moved the previous contents of {out} aside to {moved}")
             self.dist.barrier()
             self.run_id = run_folder.read_identity(out)["run_id"]
             return None
-        held = run_folder.check_resume(out, self.args)
+        held = run_folder.check_resume(out, self.args, self._launch())
         path = checkpoint.resolve(resume, out, held["run_id"] if held else None)
         saved = checkpoint.run_id_of(path)
         if held is not None and saved is not None and saved != held["run_id"]:
             raise run_folder.RunFolderError(f"{path} belongs to run {saved}, but {out} holds run {held['run_id']}")
         if held is None:  # a folder from before run identities, or a checkpoint from elsewhere
-            held = run_folder.new_identity(self.args, run_id=saved)
+            held = run_folder.new_identity(self.args, run_id=saved, launch=self._launch())
             if self.dist.is_main:
                 run_folder.write_identity(out, held)
         self.run_id = held["run_id"]

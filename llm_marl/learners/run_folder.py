@@ -112,15 +112,21 @@ def move_aside(output_dir: str) -> str:
     return target
 
 
-def new_identity(args: Any, run_id: str | None = None) -> dict[str, Any]:
-    """A fresh identity for ``args`` (a new run id unless one is given)."""
+def new_identity(args: Any, run_id: str | None = None, launch: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A fresh identity for ``args`` (a new run id unless one is given). ``launch``: what the
+    config does not hold but a run is made of — the env, the policies, the CLI's model and menu."""
     return {
         "run_id": run_id or uuid.uuid4().hex[:12],
         "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "config_class": type(args).__name__,
         "config_hash": config_hash(args),
         "config": identity_config(args),
+        "launch": _jsonable(launch or {}),
     }
+
+
+def _jsonable(value: dict[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(value, default=str, sort_keys=True))
 
 
 def write_identity(output_dir: str, identity: dict[str, Any]) -> None:
@@ -132,7 +138,7 @@ def write_identity(output_dir: str, identity: dict[str, Any]) -> None:
     os.replace(tmp, os.path.join(output_dir, RUN_FILE))
 
 
-def claim_new(output_dir: str, args: Any) -> tuple[dict[str, Any], str | None]:
+def claim_new(output_dir: str, args: Any, launch: dict[str, Any] | None = None) -> tuple[dict[str, Any], str | None]:
     """Claim ``output_dir`` for a new run: refuse a non-empty folder unless
     ``args.overwrite_output_dir`` (then move it aside). Returns (identity, moved-to path or None)."""
     moved = None
@@ -140,15 +146,16 @@ def claim_new(output_dir: str, args: Any) -> tuple[dict[str, Any], str | None]:
         if not getattr(args, "overwrite_output_dir", False):
             raise RunFolderError(refusal(output_dir))
         moved = move_aside(output_dir)
-    identity = new_identity(args)
+    identity = new_identity(args, launch=launch)
     write_identity(output_dir, identity)
     return identity, moved
 
 
-def check_resume(output_dir: str, args: Any) -> dict[str, Any] | None:
+def check_resume(output_dir: str, args: Any, launch: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The identity of the run to resume in ``output_dir``; raises RunFolderError when its config
-    differs from ``args`` (naming the fields). None for a folder without ``run.json`` (written
-    before run identities existed: a warning, and its checkpoints are used as they are)."""
+    differs from ``args``, or its launch (env, policies, model, menu) from ``launch``, naming what
+    changed. None for a folder without ``run.json`` (written before run identities existed: a
+    warning, and its checkpoints are used as they are)."""
     held = read_identity(output_dir)
     if held is None:
         if not is_empty(output_dir):
@@ -164,5 +171,13 @@ def check_resume(output_dir: str, args: Any) -> dict[str, Any] | None:
         raise RunFolderError(
             f"cannot resume run {held.get('run_id')} in {output_dir}: this config differs from the one it "
             f"was started with ({shown}). Only {', '.join(sorted(RESUMABLE_FIELDS))} may change on resume."
+        )
+    theirs, mine = held.get("launch"), _jsonable(launch or {})
+    if theirs is not None and theirs != mine:  # run.json files written before launches were recorded have none
+        changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+        shown = ", ".join(f"{k}: {theirs.get(k)!r} -> {mine.get(k)!r}" for k in changed[:6])
+        raise RunFolderError(
+            f"cannot resume run {held.get('run_id')} in {output_dir}: it was started with another {shown.split(':')[0]} "
+            f"({shown}); a resumed run trains the same env with the same policies"
         )
     return held
