@@ -1,4 +1,4 @@
-"""The hand-checkable cases of SPEC-actor-critic.md §7, computed independently.
+"""The hand-checkable cases of docs/actor_critic.md §7, computed independently.
 
 T1  G=2, R=[1, 0], V_old=0.25 each: y = R = [1, 0]; A = y - V = [0.75, -0.25];
     whitened: mean 0.25, population std 0.5 -> [1, -1].

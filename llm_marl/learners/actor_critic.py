@@ -1,4 +1,4 @@
-"""Actor-critic learners: IAC (a critic per agent) and MAAC (one central critic), SPEC-actor-critic.md.
+"""Actor-critic learners: IAC (a critic per agent) and MAAC (one central critic), docs/actor_critic.md.
 
 They run the REINFORCE learners' loop (:mod:`llm_marl.learners.reinforce`) and differ from it in
 four named pieces:
@@ -25,7 +25,7 @@ when ``use_separate_critic=False``) for a language-model policy.
 
 With ``critic_type="q"`` the critic also reads V(h) at the prompt's end and both are regressed on
 y; the actor's advantage is Q_old(h, a) − V_old(h) and the bootstrap is V_old(h'), so the baseline
-never depends on the action (SPEC §6 Q7).
+never depends on the action (docs/actor_critic.md §3; README, Q7).
 
 Constructors: env-native ``IACTrainer(env=..., policies=..., critics=None, args=IACConfig(...))``,
 or the anchor library's keywords (``agent_model``/``agents``, ``critic_model``/``critics``,

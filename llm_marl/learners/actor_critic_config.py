@@ -1,9 +1,9 @@
-"""Hyperparameters of the actor-critic learners IAC and MAAC (SPEC-actor-critic.md §1).
+"""Hyperparameters of the actor-critic learners IAC and MAAC (docs/actor_critic.md §1).
 
 Both configs extend :class:`~llm_marl.learners.config.MAGRPOConfig` — so every field beyond the
 specification (``seed``, ``output_dir``, ``save_steps``, ``items_per_step``, ``max_grad_norm``,
 ...) means the same here — with the anchor library's actor-critic fields and defaults. Where the
-anchor's default is one of its quirks the default is fixed (SPEC-actor-critic.md §6; README,
+anchor's default is one of its quirks the default is fixed (docs/actor_critic.md §6; README,
 *Actor-critic learners*): ``early_termination_threshold`` is None (Q2), and MAAC has a
 ``value_clip_range`` too (None by default, as the anchor's MAAC never clips).
 

@@ -1,4 +1,4 @@
-"""Actor-critic math as small pure functions (SPEC-actor-critic.md §3-§4).
+"""Actor-critic math as small pure functions (docs/actor_critic.md §3-§4).
 
 Notation: r̃ the shaped reward of one answer, V_old the critic's value at rollout time, y the
 one-step TD target, A the advantage, γ the discount, β the reference-KL coefficient, c_v the
@@ -44,7 +44,7 @@ def td_targets(rewards: Sequence[float], values: Sequence[float], discount: floa
 
 
 def advantages(targets: Sequence[float], baselines: Sequence[float]) -> list[float]:
-    """A = y − b, where b is V_old(h) (critic_type "v") — never an action value (SPEC §6 Q7)."""
+    """A = y − b, where b is V_old(h) (critic_type "v") — never an action value (docs/actor_critic.md §3; README, Q7)."""
     if len(targets) != len(baselines):
         raise ValueError(f"{len(targets)} targets but {len(baselines)} baselines")
     return [float(y) - float(b) for y, b in zip(targets, baselines)]

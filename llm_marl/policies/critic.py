@@ -34,7 +34,7 @@ class Critic(Protocol):
 def joint_observation(observations: Mapping[str, Any], agents: Sequence[str], answers: Sequence[str] | None = None) -> str:
     """The central critic's input text: one ``[Agent k] prompt`` block per agent, joined by blank
     lines; with ``answers`` (an action-value critic) followed by ``[Joint Action]`` and one
-    ``[Agent k action]`` block per agent (SPEC-actor-critic.md §2)."""
+    ``[Agent k action]`` block per agent (docs/actor_critic.md §2)."""
     text = "\n\n".join(f"[Agent {k}] {observations[agent]}" for k, agent in enumerate(agents))
     if answers is not None:
         if len(answers) != len(agents):

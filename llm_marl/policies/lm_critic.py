@@ -8,7 +8,7 @@ model's final layer norm) at ONE position, the readout position:
   tokens);
 * Q(h, a) — ``values(observations, completions)``: the last token of prompt ⊕ answer (index
   P+L−1 of an answer of L tokens, its end-of-sequence token included, so the value of "having
-  stopped" is learned — SPEC-actor-critic.md §6 Q3);
+  stopped" is learned — docs/actor_critic.md §6 Q3);
 * MAAC: the last token of the joint text (:func:`~llm_marl.policies.critic.joint_observation`).
 
 Sequences are left-padded with ``position_ids = cumsum(attention_mask) − 1`` (as the policies
