@@ -425,3 +425,14 @@ def test_actor_critic_paths_train_with_comlrl_optimizer_defaults():
         assert all(group["weight_decay"] == 0.01 for optimizer in optimizers for group in optimizer.param_groups)
         state = trainer.train(checkpoint_total_limit=1)
         assert state.epoch == 2 and state.global_step >= 1
+
+
+def test_wandb_config_sections_dataset_type_and_name_are_copied_flat_as_comlrl_does():
+    from llm_marl.learners.logging import wandb_init_kwargs
+
+    sections = {"dataset": {"type": "tldr", "name": "trl-lib/tldr"}, "trainer": {"num_turns": 1}}
+    config = wandb_init_kwargs({"config_sections": sections}, {"num_turns": 1}, None)["config"]
+    assert config["dataset_type"] == "tldr" and config["dataset_name"] == "trl-lib/tldr"
+    assert config["dataset"] == sections["dataset"] and config["trainer"] == {"num_turns": 1}
+    given = wandb_init_kwargs({"config_sections": sections}, {"dataset_type": "arxiv"}, None)["config"]
+    assert given["dataset_type"] == "arxiv"  # dataset_type= of the trainer call (1.4.0-1.4.2) wins

@@ -146,8 +146,14 @@ def wandb_init_kwargs(wandb_config: Mapping[str, Any] | None, run_config: Mappin
     if unknown:
         warnings.warn(f"wandb_config keys {unknown} are not used", stacklevel=3)
     config = dict(run_config)
-    if isinstance(wandb_config.get("config_sections"), Mapping):
-        config.update(wandb_config["config_sections"])
+    sections = wandb_config.get("config_sections")
+    if isinstance(sections, Mapping):
+        config.update(sections)
+        dataset = sections.get("dataset")
+        if isinstance(dataset, Mapping):  # as CoMLRL 1.4.3: the dataset section's type and name, flat
+            for key in ("type", "name"):
+                if dataset.get(key) is not None:
+                    config.setdefault(f"dataset_{key}", dataset[key])
     if isinstance(wandb_config.get("config"), Mapping):
         config.update(wandb_config["config"])
     kwargs: dict[str, Any] = {"config": config}
