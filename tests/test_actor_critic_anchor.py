@@ -54,17 +54,24 @@ def small(config_class, **overrides):
 
 
 def test_iac_anchor_keywords_with_one_critic_model_object_give_each_agent_its_own_critic(model_path, tmp_path):
-    seen = []
+    from llm_marl.comlrl.trainers.actor_critic import RolloutSample
+
+    seen, received = [], []
     critic_model = AutoModelForCausalLM.from_pretrained(model_path)
     trainer = IACTrainer(agent_model=model_path, critic_model=critic_model, reward_func=reward,
                          formatters=lambda item: item["prompt"], external_transition=transition, train_dataset=TRAIN,
-                         metrics_callback=lambda samples: seen.append(len(samples)) or {"n": len(samples)},
+                         metrics_callback=lambda samples: seen.append(len(samples)) or received.extend(samples) or {"n": len(samples)},
                          args=small(IACConfig))
     first, second = trainer.critics.values()
     assert isinstance(first, CausalLMCritic) and first.model is not second.model  # one object, copied (Q17)
     assert first.model is not trainer.policies["agent_0"].model
     trainer.train()
     assert seen and trainer.state.global_step >= 1
+    assert received and all(isinstance(r, RolloutSample) for r in received)  # CoMLRL's objects, not groups
+    assert {r.agent_idx for r in received} == {0, 1} and {r.metadata["turn_idx"] for r in received} == {0, 1}
+    for r in received:
+        assert isinstance(r.completion, str) and r.prompt and r.response_len >= 1
+        assert r.advantage.item() == pytest.approx(r.metadata["target"] - r.old_value.item())  # raw y - V
     trainer.save_model(str(tmp_path / "out"))
     for i in range(2):
         loaded = CausalLMCritic.from_pretrained(tmp_path / "out" / f"agent_{i}" / "critic")

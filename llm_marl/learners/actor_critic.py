@@ -76,6 +76,58 @@ class ACSample(Sample):
     """Q inputs per answer: the Completion (IAC) or the joint text with the joint action (MAAC)."""
 
 
+@dataclass
+class RolloutSample:
+    """One answer as CoMLRL 1.4.3's actor-critic ``metrics_callback`` receives it. Trainers built
+    from the anchor keywords (``agent_model=``, ``reward_func=``, ...) call ``metrics_callback``
+    with a list of these, so that callbacks written for CoMLRL read the same attributes; the
+    env-native constructor passes :class:`ACSample` groups. ``reward`` is the shaped reward r̃,
+    ``returns`` the answer's return, ``advantage`` the raw y − V (whitened only at the update);
+    the token-level fields CoMLRL filled from its own tokenization (``full_input_ids``,
+    ``attention_mask``, ``prompt_len``, ``old_logprob``) are None here."""
+
+    agent_idx: int
+    prompt: str
+    completion: str
+    full_input_ids: Any
+    attention_mask: Any
+    prompt_len: int | None
+    response_len: int | None
+    old_logprob: Any
+    old_value: torch.Tensor
+    reward: torch.Tensor
+    returns: torch.Tensor
+    advantage: torch.Tensor
+    normalized_advantage: torch.Tensor | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+def rollout_samples(samples: Sequence[ACSample], agents: Sequence[str]) -> list[RolloutSample]:
+    """Each answer of each group as a :class:`RolloutSample` (agents in the trainer's order)."""
+    out = []
+    for sample in samples:
+        for k, completion in enumerate(sample.completions):
+            kl = sample.kl[k] if sample.kl else 0.0
+            out.append(
+                RolloutSample(
+                    agent_idx=list(agents).index(sample.agent),
+                    prompt=str(sample.observation),
+                    completion=completion.text,
+                    full_input_ids=None,
+                    attention_mask=None,
+                    prompt_len=None,
+                    response_len=len(completion.token_ids) if completion.token_ids is not None else None,
+                    old_logprob=None,
+                    old_value=torch.tensor(sample.values[k]),
+                    reward=torch.tensor(sample.rewards[k]),
+                    returns=torch.tensor(sample.returns[k]),
+                    advantage=torch.tensor(sample.advantages[k]),
+                    metadata={"turn_idx": sample.turn, "item_index": sample.index, "target": sample.targets[k], "reference_kl": kl},
+                )
+            )
+    return out
+
+
 class ActorCriticTrainerBase(MAGRPOTrainer):
     """The actor-critic loop (module docstring); :class:`IACTrainer` and :class:`MAACTrainer`."""
 
@@ -101,6 +153,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
         anchor = bool({k for k in kwargs if k not in ("optimizers", "eval_logger", "eval_aggregator")}) or env is None
         super().__init__(env, policies, args, eval_env, **kwargs)
         self.metrics_callback = metrics_callback
+        self._callback_takes_rollouts = anchor  # CoMLRL's keywords: CoMLRL's RolloutSample objects
         if anchor:
             critics = self._anchor_critics(critics, critic_model, model_config)
         elif critic_model is not None:
@@ -390,7 +443,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
         if self.metrics_callback is None:
             return
         try:
-            result = self.metrics_callback(samples)
+            result = self.metrics_callback(rollout_samples(samples, self.agents) if self._callback_takes_rollouts else samples)
         except Exception as exc:
             raise RuntimeError(f"metrics_callback raised {type(exc).__name__}: {exc} (batch {self.state.batch_step})") from exc
         for key, value in dict(result or {}).items():
