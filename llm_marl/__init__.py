@@ -1,59 +1,63 @@
-"""llm_marl: train teams of language models to cooperate with reinforcement learning."""
+"""llm_marl: train teams of language models to cooperate with reinforcement learning.
 
-from llm_marl.envs import DialogueEnv, make, register
-from llm_marl.learners import (
-    IACConfig,
-    IACTrainer,
-    MAACConfig,
-    MAACTrainer,
-    MAGRPOConfig,
-    MAGRPOTrainer,
-    MAREINFORCEConfig,
-    MAREINFORCETrainer,
-    MARLOOConfig,
-    MARLOOTrainer,
-    MAReMaxConfig,
-    MAReMaxTrainer,
-)
-from llm_marl.policies import (
-    CausalLMCritic,
-    CausalLMPolicy,
-    Completion,
-    Critic,
-    LoRATeam,
-    Policy,
-    ScriptedPolicy,
-    TabularCritic,
-    TabularPolicy,
-)
-from llm_marl.tasks import CooperativeTask, FunctionTask, Turn
+The names below are imported on first use (PEP 562), so that ``import llm_marl.cli`` — the
+``llm-marl`` command — starts without loading torch and transformers, and a Ctrl-C while they
+load is the command's own clean exit (130), not a traceback.
+"""
 
-__all__ = [
-    "CausalLMCritic",
-    "CausalLMPolicy",
-    "Completion",
-    "CooperativeTask",
-    "Critic",
-    "DialogueEnv",
-    "FunctionTask",
-    "IACConfig",
-    "IACTrainer",
-    "LoRATeam",
-    "MAACConfig",
-    "MAACTrainer",
-    "MAGRPOConfig",
-    "MAGRPOTrainer",
-    "MAREINFORCEConfig",
-    "MAREINFORCETrainer",
-    "MARLOOConfig",
-    "MARLOOTrainer",
-    "MAReMaxConfig",
-    "MAReMaxTrainer",
-    "Policy",
-    "ScriptedPolicy",
-    "TabularCritic",
-    "TabularPolicy",
-    "Turn",
-    "make",
-    "register",
-]
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import Any
+
+_HOMES = {
+    "llm_marl.envs": ("DialogueEnv", "make", "register"),
+    "llm_marl.learners": (
+        "IACConfig",
+        "IACTrainer",
+        "MAACConfig",
+        "MAACTrainer",
+        "MAGRPOConfig",
+        "MAGRPOTrainer",
+        "MAREINFORCEConfig",
+        "MAREINFORCETrainer",
+        "MARLOOConfig",
+        "MARLOOTrainer",
+        "MAReMaxConfig",
+        "MAReMaxTrainer",
+    ),
+    "llm_marl.policies": (
+        "CausalLMCritic",
+        "CausalLMPolicy",
+        "Completion",
+        "Critic",
+        "LoRATeam",
+        "Policy",
+        "ScriptedPolicy",
+        "TabularCritic",
+        "TabularPolicy",
+    ),
+    "llm_marl.tasks": ("CooperativeTask", "FunctionTask", "Turn"),
+}
+
+
+def _lazy_exports(package: str, homes: dict[str, tuple[str, ...]]) -> tuple[list[str], Any, Any]:
+    """``(__all__, __getattr__, __dir__)`` for ``package``: each name of ``homes`` (module ->
+    names) is imported from its module on first access, then kept in the package."""
+    home_of = {name: module for module, names in homes.items() for name in names}
+
+    def getattr_(name: str) -> Any:
+        if name not in home_of:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        value = getattr(importlib.import_module(home_of[name]), name)
+        setattr(sys.modules[package], name, value)
+        return value
+
+    def dir_() -> list[str]:
+        return sorted(set(vars(sys.modules[package])) | set(home_of))
+
+    return sorted(home_of), getattr_, dir_
+
+
+__all__, __getattr__, __dir__ = _lazy_exports(__name__, _HOMES)

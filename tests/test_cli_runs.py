@@ -224,6 +224,31 @@ def test_second_ctrl_c_stops_at_once(tmp_path):
     assert sorted(p.name for p in out.glob("checkpoint-*")) == ["checkpoint-2"]  # none for batch 3
 
 
+def test_ctrl_c_while_the_command_still_loads_torch_is_a_clean_exit(tmp_path):
+    """The package imports torch only on first use, inside the command's error handling: a Ctrl-C
+    during that import (seen as torch's modules being imported, -X importtime) exits 130 with the
+    command's one line, not a traceback, and writes nothing."""
+    import signal
+
+    process = subprocess.Popen(
+        [sys.executable, "-X", "importtime", "-m", "llm_marl.cli", "train", *CLIMB, "--output_dir", str(tmp_path / "r")],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    seen = []
+    for line in process.stderr:
+        seen.append(line)
+        if "torch" in line:
+            process.send_signal(signal.SIGINT)
+            break
+    _, rest = process.communicate(timeout=240)
+    messages = [line for line in seen + rest.splitlines(keepends=True) if not line.startswith("import time:")]
+    assert any("torch" in line for line in seen), "torch was never imported"
+    assert process.returncode == 130, "".join(messages)
+    assert "interrupted outside training; nothing was written" in "".join(messages)
+    assert not any("Traceback" in line for line in messages)
+    assert not (tmp_path / "r").exists()
+
+
 # --- messages instead of tracebacks -------------------------------------------------------------
 
 @pytest.mark.parametrize("args, words", [

@@ -1,21 +1,17 @@
-"""What learns: the MAREINFORCE family on K-branch rollout trees, and the actor-critic learners."""
+"""What learns: the MAREINFORCE family on K-branch rollout trees, and the actor-critic learners.
 
-from llm_marl.learners.actor_critic import IACTrainer, MAACTrainer
-from llm_marl.learners.actor_critic_config import IACConfig, MAACConfig
-from llm_marl.learners.config import MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig
-from llm_marl.learners.reinforce import MAGRPOTrainer, MAREINFORCETrainer, MARLOOTrainer, MAReMaxTrainer
+The names below are imported on first use (see :mod:`llm_marl`), so that importing a light
+submodule such as :mod:`llm_marl.learners.interrupt` does not load torch.
+"""
 
-__all__ = [
-    "IACConfig",
-    "IACTrainer",
-    "MAACConfig",
-    "MAACTrainer",
-    "MAGRPOConfig",
-    "MAGRPOTrainer",
-    "MAREINFORCEConfig",
-    "MAREINFORCETrainer",
-    "MARLOOConfig",
-    "MARLOOTrainer",
-    "MAReMaxConfig",
-    "MAReMaxTrainer",
-]
+from llm_marl import _lazy_exports
+
+__all__, __getattr__, __dir__ = _lazy_exports(
+    __name__,
+    {
+        "llm_marl.learners.actor_critic": ("IACTrainer", "MAACTrainer"),
+        "llm_marl.learners.actor_critic_config": ("IACConfig", "MAACConfig"),
+        "llm_marl.learners.config": ("MAGRPOConfig", "MAREINFORCEConfig", "MARLOOConfig", "MAReMaxConfig"),
+        "llm_marl.learners.reinforce": ("MAGRPOTrainer", "MAREINFORCETrainer", "MARLOOTrainer", "MAReMaxTrainer"),
+    },
+)
