@@ -100,3 +100,19 @@ def test_save_and_load_round_trip(policy, tmp_path):
     loaded = CausalLMCritic.from_pretrained(tmp_path / "critic")
     with torch.no_grad():
         assert torch.allclose(loaded.values(PROMPTS), critic.values(PROMPTS), atol=1e-6)
+
+
+def test_a_text_past_the_context_is_cut_from_the_left_keeping_the_readout(policy):
+    """CoMLRL's Q14: a prompt longer than the model's context is cut from the right, losing its
+    tail (in MAAC's joint text, the later agents). Here the critic keeps the LAST context-length
+    tokens, so the value is still read at the prompt's own last token."""
+    critic = CausalLMCritic.for_policy(policy, shared=False)
+    limit = critic.context_length
+    long_prompt = " ".join(f"word{i}" for i in range(limit)) + " and the end of the prompt"
+    ids = policy.tokenizer(long_prompt)["input_ids"]
+    assert len(ids) > limit
+    with torch.no_grad():
+        [[value]] = critic.values([long_prompt]).tolist()
+    assert critic.input_ids(long_prompt) == ids[-limit:]
+    assert value == pytest.approx(hand_value(critic, ids[-limit:], limit - 1)[0], abs=1e-5)
+    assert value != pytest.approx(hand_value(critic, ids[:limit], limit - 1)[0], abs=1e-6)  # not the right cut
