@@ -46,7 +46,7 @@ from llm_marl.learners.interrupt import StopRequests, TrainingInterrupted
 from llm_marl.learners.config import MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig
 from llm_marl.learners.logging import RunLogger, open_wandb, wants_wandb
 from llm_marl.learners.recording import RolloutRecorder
-from llm_marl.learners.tree import RolloutNode, collect_trees, derive_seed, grow_trees, iter_nodes, team_members
+from llm_marl.learners.tree import RolloutNode, collect_trees, derive_seed, grow_trees, iter_nodes, ask_team
 from llm_marl.policies.base import Completion, Policy, token_log_probs_of
 from llm_marl.tasks.base import TaskError
 
@@ -412,15 +412,19 @@ class MAGRPOTrainer:
         call for the same batch step finishes it."""
         unfinished, self._unfinished = self._unfinished, None
         if unfinished is not None and unfinished.batch_step == self.state.batch_step:
-            try:
-                self._update()
-            except Exception:
-                self._unfinished = unfinished
-                raise
+            self._update_or_keep(unfinished)
             self._buffer_and_update(unfinished.batch_step, unfinished.roots, unfinished.samples, unfinished.elapsed, unfinished.rest)
             return
         roots, samples, elapsed = self._collect(indices)
         self._buffer_and_update(self.state.batch_step, roots, samples, elapsed, samples)
+
+    def _update_or_keep(self, unfinished: _UnfinishedBatch) -> None:
+        """:meth:`_update`; if it raises, keep ``unfinished`` for the next call to finish."""
+        try:
+            self._update()
+        except Exception:
+            self._unfinished = unfinished
+            raise
 
     def _collect(self, indices: list[int]) -> tuple[list[RolloutNode], list[Sample], float]:
         """The batch's trees (items whose task raised dropped under reward_error_policy="skip"),
@@ -459,17 +463,9 @@ class MAGRPOTrainer:
             for sample in rest[start : start + num_agents]:
                 self.buffers[sample.agent].append(sample)
             if not self.dist.enabled and self._buffers_full():
-                try:
-                    self._update()
-                except Exception:
-                    self._unfinished = _UnfinishedBatch(batch_step, roots, samples, elapsed, rest[start + num_agents :])
-                    raise
+                self._update_or_keep(_UnfinishedBatch(batch_step, roots, samples, elapsed, rest[start + num_agents :]))
         if self.dist.enabled and self.dist.max(int(self._buffers_full())):
-            try:
-                self._update()
-            except Exception:
-                self._unfinished = _UnfinishedBatch(batch_step, roots, samples, elapsed, [])
-                raise
+            self._update_or_keep(_UnfinishedBatch(batch_step, roots, samples, elapsed, []))
         stepped = sum(len(node.joint) for node in iter_nodes(roots))
         metrics = episode_metrics(roots, args.num_turns, prefix="train")
         metrics["train/env_steps_per_second"] = stepped / max(elapsed, 1e-9)
@@ -825,9 +821,7 @@ def _score_batches(
     for group in _update_groups(policies, list(requests)):
         team = getattr(policies[group[0]], "team", None)
         if len(group) > 1 and team is not None:
-            names = team_members(policies, group)
-            got = team.log_probs({names[agent]: requests[agent] for agent in group}, reduction=reduction)
-            scored.update({agent: got[names[agent]] for agent in group})
+            scored.update(ask_team(policies, group, requests, lambda asked: team.log_probs(asked, reduction=reduction)))
         else:
             for agent in group:
                 scored[agent] = policies[agent].log_probs(*requests[agent], reduction=reduction)

@@ -162,10 +162,7 @@ def check_resume(output_dir: str, args: Any, launch: dict[str, Any] | None = Non
             warnings.warn(f"{output_dir} has no {RUN_FILE}: resuming its newest checkpoint without an identity check")
         return None
     if held.get("config_hash") != config_hash(args):
-        mine = identity_config(args)
-        theirs = held.get("config", {})
-        changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-        shown = ", ".join(f"{k}: {theirs.get(k)!r} -> {mine.get(k)!r}" for k in changed[:6])
+        _, shown = _differences(held.get("config", {}), identity_config(args))
         if held.get("config_class") != type(args).__name__:
             shown = f"config class {held.get('config_class')} -> {type(args).__name__}" + (f"; {shown}" if shown else "")
         raise RunFolderError(
@@ -174,10 +171,15 @@ def check_resume(output_dir: str, args: Any, launch: dict[str, Any] | None = Non
         )
     theirs, mine = held.get("launch"), _jsonable(launch or {})
     if theirs is not None and theirs != mine:  # run.json files written before launches were recorded have none
-        changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
-        shown = ", ".join(f"{k}: {theirs.get(k)!r} -> {mine.get(k)!r}" for k in changed[:6])
+        changed, shown = _differences(theirs, mine)
         raise RunFolderError(
-            f"cannot resume run {held.get('run_id')} in {output_dir}: it was started with another {shown.split(':')[0]} "
+            f"cannot resume run {held.get('run_id')} in {output_dir}: it was started with another {changed[0]} "
             f"({shown}); a resumed run trains the same env with the same policies"
         )
     return held
+
+
+def _differences(theirs: dict[str, Any], mine: dict[str, Any]) -> tuple[list[str], str]:
+    """The keys whose values differ, and the first six shown as ``key: old -> new``."""
+    changed = sorted(k for k in set(mine) | set(theirs) if mine.get(k) != theirs.get(k))
+    return changed, ", ".join(f"{k}: {theirs.get(k)!r} -> {mine.get(k)!r}" for k in changed[:6])

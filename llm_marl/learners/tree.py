@@ -36,7 +36,7 @@ import inspect
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import gymnasium
 import torch
@@ -133,9 +133,7 @@ def sample_agents(
         else:
             answers[agent] = _sample(policies[agent], observations[agent], num_samples, seeds[agent])
     for team, members in teams.values():
-        names = team_members(policies, members)
-        got = team.sample({names[agent]: observations[agent] for agent in members}, num_samples)
-        answers.update({agent: got[names[agent]] for agent in members})
+        answers.update(ask_team(policies, members, observations, lambda asked: team.sample(asked, num_samples)))
     return {agent: answers[agent] for agent in observations}
 
 
@@ -150,6 +148,16 @@ def team_members(policies: Mapping[str, Policy], agents: Sequence[str]) -> dict[
             raise ValueError(f"agents {seen[name]!r} and {agent!r} are given the same team member {name!r} (one adapter): give each agent its own")
         seen[name] = agent
     return names
+
+
+def ask_team(
+    policies: Mapping[str, Policy], agents: Sequence[str], requests: Mapping[str, Any], ask: Callable[[dict[str, Any]], Mapping[str, Any]]
+) -> dict[str, Any]:
+    """``ask`` (a team's ``sample`` or ``log_probs``) with the ``agents``' requests keyed by the
+    names the team knows them by (:func:`team_members`); its answers keyed back by env agent."""
+    names = team_members(policies, agents)
+    answers = ask({names[agent]: requests[agent] for agent in agents})
+    return {agent: answers[names[agent]] for agent in agents}
 
 
 def fork_env(env: ParallelEnv) -> ParallelEnv:
