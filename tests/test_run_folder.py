@@ -120,3 +120,15 @@ def test_a_signal_stops_after_the_batch_with_a_checkpoint(tmp_path, signum, code
     assert run.state.batch_step == 2 and len(calls) == 2
     assert signal.getsignal(signum) is not None and signal.getsignal(signum) != run  # handlers restored
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_run_ended_by_max_steps_logs_its_last_batches(tmp_path):
+    """logging_steps averages metrics over batches; a run that max_steps ends mid-epoch, between
+    two logging points, still logs what it trained on since the last one (nothing is dropped)."""
+    from test_atomic_update import make_trainer
+
+    run = make_trainer(logging_steps=50, max_steps=1, output_dir=str(tmp_path / "run"))  # 4 items, a step per 2
+    run.train()
+    assert run.state.batch_step == 2 and run.state.epoch == 0  # stopped mid-epoch
+    rows = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl")]
+    assert [r["step"] for r in rows if "train/turn_1/reward_mean" in r] == [1]  # batches 0-1, at batch 1

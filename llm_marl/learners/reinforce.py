@@ -266,6 +266,7 @@ class MAGRPOTrainer:
                 self._after_batch(progress, steps_before, epoch_done)
                 if self.dist.max(int(stop.signum is not None)):
                     self._stop_on_signal(stop.signum or signal.SIGTERM)
+            self._flush_metrics(force=True)  # a run ended by max_steps mid-epoch logs its last batches too
             if args.output_dir is not None and self.dist.is_main:
                 checkpoint.save(self)
             self.dist.barrier()
