@@ -116,3 +116,27 @@ def test_a_text_past_the_context_is_cut_from_the_left_keeping_the_readout(policy
     assert critic.input_ids(long_prompt) == ids[-limit:]
     assert value == pytest.approx(hand_value(critic, ids[-limit:], limit - 1)[0], abs=1e-5)
     assert value != pytest.approx(hand_value(critic, ids[:limit], limit - 1)[0], abs=1e-6)  # not the right cut
+
+
+def test_value_heads_follow_the_trainer_seed_not_the_global_rng(model_dir):
+    """Issue 22.6: two IAC trainers of one ``args.seed`` start with the same value heads, whatever
+    the global RNG did in between; each agent's head is its own draw; another seed differs."""
+    from llm_marl.envs import DialogueEnv
+    from llm_marl.learners import IACConfig, IACTrainer
+    from llm_marl.tasks.function_task import FunctionTask
+
+    def heads(seed):
+        task = FunctionTask(lambda a, b: [1.0], lambda item: item["prompt"], None, [{"prompt": "x"}], num_agents=2, num_turns=1)
+        policies = [CausalLMPolicy.from_pretrained(model_dir, max_new_tokens=2) for _ in range(2)]
+        args = IACConfig(num_turns=1, num_generations=2, progress_bar=False, seed=seed, use_separate_critic=False)
+        trainer = IACTrainer(env=DialogueEnv(task), policies=policies, args=args)
+        return [torch.cat([p.detach().flatten() for p in c.head.parameters()]) for c in trainer.critics.values()]
+
+    torch.manual_seed(0)
+    first = heads(7)
+    torch.manual_seed(123)
+    torch.rand(1000)
+    again = heads(7)
+    assert all(torch.equal(a, b) for a, b in zip(first, again))
+    assert not torch.equal(first[0], first[1])
+    assert not torch.equal(first[0], heads(8)[0])

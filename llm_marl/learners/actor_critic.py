@@ -48,7 +48,7 @@ from llm_marl.learners import actor_critic_math as acm
 from llm_marl.learners.actor_critic_config import IACConfig, MAACConfig
 from llm_marl.learners.buffer import Sample
 from llm_marl.learners.reinforce import MAGRPOTrainer, default_optimizer
-from llm_marl.learners.tree import RolloutNode, iter_nodes
+from llm_marl.learners.tree import RolloutNode, derive_seed, iter_nodes
 from llm_marl.policies.base import Completion
 from llm_marl.policies.critic import Critic, joint_observation
 from llm_marl.policies.tabular_critic import TabularCritic
@@ -225,8 +225,14 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
 
             shared = not self.args.use_separate_critic
             width = self.args.value_head_hidden_dim if shared else self.args.critic_value_head_hidden_dim
-            return CausalLMCritic.for_policy(policy, shared=shared, num_outputs=num_outputs, hidden_dim=width)
+            return CausalLMCritic.for_policy(policy, shared=shared, num_outputs=num_outputs, hidden_dim=width,
+                                             seed=self._critic_seed(agent), name="critic" if self.central else f"{agent}_critic")
         return TabularCritic(num_outputs)
+
+    def _critic_seed(self, agent: str | int) -> int:
+        """The seed of a fresh value head: ``args.seed`` and the critic's index (IAC: the agent's)."""
+        index = agent if isinstance(agent, int) else (0 if self.central else self.agents.index(agent))
+        return derive_seed(self.args.seed, "value_head", index)
 
     def _place_critics(self) -> None:
         devices = self.args.critic_devices
@@ -273,13 +279,13 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
 
             model = AutoModelForCausalLM.from_pretrained(source, **dict(model_config.get("critic_model_kwargs") or {}))
             tokenizer = AutoTokenizer.from_pretrained(source)
-            return CausalLMCritic(model, tokenizer, num_outputs=outputs, hidden_dim=width, use_token_ids=False)
+            return CausalLMCritic(model, tokenizer, num_outputs=outputs, hidden_dim=width, use_token_ids=False, seed=self._critic_seed(i))
         if hasattr(source, "values") and hasattr(source, "parameters"):
             return copy.deepcopy(source) if shared_source else source
         if hasattr(source, "forward") and hasattr(source, "config"):
             tokenizer = self._critic_tokenizer(source, i, model_config)
             model = copy.deepcopy(source) if shared_source else source
-            return CausalLMCritic(model, tokenizer, num_outputs=outputs, hidden_dim=width)
+            return CausalLMCritic(model, tokenizer, num_outputs=outputs, hidden_dim=width, seed=self._critic_seed(i))
         raise TypeError(f"critic {i}: expected a model id/path, a causal LM or a Critic, got {type(source).__name__}")
 
     def _critic_tokenizer(self, model: Any, i: int, model_config: dict[str, Any]) -> Any:

@@ -56,10 +56,12 @@ def hidden_size_of(model: Any) -> int:
 
 class ValueHead(nn.Module):
     """An optional ``Linear(hidden, hidden_dim) + tanh``, then ``Linear(·, num_outputs)``; weights
-    drawn from N(0, 0.02²), biases 0; float32."""
+    drawn from N(0, 0.02²), biases 0; float32. With ``seed`` the weights come from a generator of
+    that seed (the global RNG is untouched): two heads of one seed are equal."""
 
-    def __init__(self, hidden_size: int, num_outputs: int = 1, hidden_dim: int | None = None):
+    def __init__(self, hidden_size: int, num_outputs: int = 1, hidden_dim: int | None = None, seed: int | None = None):
         super().__init__()
+        generator = torch.Generator().manual_seed(int(seed)) if seed is not None else None
         layers: list[nn.Module] = []
         width = hidden_size
         if hidden_dim:
@@ -69,7 +71,7 @@ class ValueHead(nn.Module):
         self.net = nn.Sequential(*layers)
         for module in self.net:
             if isinstance(module, nn.Linear):
-                nn.init.normal_(module.weight, std=0.02)
+                nn.init.normal_(module.weight, std=0.02, generator=generator)
                 nn.init.zeros_(module.bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -90,6 +92,7 @@ class CausalLMCritic:
             an eos appended.
         max_batch_size: at most this many rows per forward pass; None: all at once.
         head: a ready :class:`ValueHead` (e.g. loaded); default: a fresh one.
+        seed: the fresh head's initialisation seed (None: the global RNG).
     """
 
     def __init__(
@@ -104,6 +107,7 @@ class CausalLMCritic:
         max_batch_size: int | None = None,
         head: ValueHead | None = None,
         device: str | torch.device | None = None,
+        seed: int | None = None,
     ) -> None:
         self.model = model
         self.tokenizer = tokenizer
@@ -115,7 +119,7 @@ class CausalLMCritic:
         if tokenizer.pad_token_id is None:
             tokenizer.pad_token = tokenizer.eos_token
         self.eos_token_id = int(tokenizer.eos_token_id)
-        self.head = head if head is not None else ValueHead(hidden_size_of(model), num_outputs, hidden_dim)
+        self.head = head if head is not None else ValueHead(hidden_size_of(model), num_outputs, hidden_dim, seed=seed)
         self.head.to(self._model_device())
         positions = getattr(getattr(model, "config", None), "n_positions", None) or getattr(
             getattr(model, "config", None), "max_position_embeddings", None
@@ -130,14 +134,24 @@ class CausalLMCritic:
             self.to(device)
 
     @classmethod
-    def for_policy(cls, policy: Any, *, shared: bool, num_outputs: int = 1, hidden_dim: int | None = None) -> "CausalLMCritic":
+    def for_policy(
+        cls,
+        policy: Any,
+        *,
+        shared: bool,
+        num_outputs: int = 1,
+        hidden_dim: int | None = None,
+        seed: int | None = None,
+        name: str | None = None,
+    ) -> "CausalLMCritic":
         """A critic for a :class:`~llm_marl.policies.CausalLMPolicy`: a head on its model
-        (``shared``) or on a deep copy of it."""
+        (``shared``) or on a deep copy of it. ``seed`` initialises the head; ``name`` is unused
+        here (it names a team's value adapter, :class:`~llm_marl.policies.adapter_critic.AdapterCritic`)."""
         import copy
 
         model = policy.model if shared else copy.deepcopy(policy.model)
         return cls(model, policy.tokenizer, num_outputs=num_outputs, hidden_dim=hidden_dim, shared=shared,
-                   max_batch_size=getattr(policy, "max_batch_size", None))
+                   max_batch_size=getattr(policy, "max_batch_size", None), seed=seed)
 
     # ------------------------------------------------------------------ protocol
 
