@@ -404,6 +404,31 @@ def test_gradient_checkpointing_gives_the_same_scores_and_gradients_with_less_sa
     assert ckpt_saved < plain_saved / 2
 
 
+@pytest.mark.parametrize("chunking", [{"max_batch_size": 4}, {"max_batch_size": 5}, {"max_batch_tokens": 120}],
+                         ids=["equal-chunks", "unequal-chunks", "token-chunks"])
+def test_gradient_checkpointing_with_chunked_scoring_gives_the_gradients_of_one_pass(model_dir, chunking):
+    """Issue 22.2: when scoring splits a team's rows into several forwards, each chunk's backward
+    recompute runs its own rows through their own adapters (before the fix it used the last
+    chunk's routing: unequal chunks crashed, equal ones gave wrong adapter gradients)."""
+    sampler = team_of(model_dir)
+    perturb(sampler, seed=3)
+    torch.manual_seed(4)
+    requests = {a: ([p for p in PROMPTS for _ in range(2)], flat(sampler.policies[a].sample(PROMPTS, 2))) for a in AGENTS}
+
+    def gradients(checkpointing, **settings):
+        team = team_of(model_dir, gradient_checkpointing=checkpointing, **settings)
+        perturb(team, seed=3)
+        values = team.log_probs(requests)
+        sum(v.sum() * (i + 1) for i, v in enumerate(values.values())).backward()
+        return {n: p.grad.clone() for n, p in team.model.named_parameters() if p.grad is not None}
+
+    reference = gradients(False)
+    chunked = gradients(True, **chunking)
+    assert set(chunked) == set(reference) and len(reference) == 12  # 3 adapters x 2 layers x A, B
+    for name in reference:
+        torch.testing.assert_close(chunked[name], reference[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
 def test_bfloat16_base_keeps_float32_adapters_and_close_scores(model_dir):
     plain = team_of(model_dir, agents=AGENTS[:2])
     half = team_of(model_dir, agents=AGENTS[:2], dtype="bfloat16")

@@ -40,7 +40,7 @@ from __future__ import annotations
 import json
 import os
 import types
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -88,25 +88,40 @@ class TeamRunner(ModelRunner):
     def __init__(self, model: Any) -> None:
         super().__init__(model)
         self.segments: list[tuple[str, int, int]] | None = None
-        self.sticky = False
         for layer in _lora_layers(model):
             layer.forward = types.MethodType(_routed_forward(self, type(layer).forward), layer)
 
     def forward(self, inputs: dict[str, Any], routes: Sequence[str] | None = None) -> Any:
-        """``model(**inputs)`` with row ``i`` through adapter ``routes[i]`` (``"__base__"``: none).
-
-        Under gradient checkpointing the routing stays set after the call, so that the backward
-        pass recomputes each layer with the same adapters."""
+        """``model(**inputs)`` with row ``i`` through adapter ``routes[i]`` (``"__base__"``: none)."""
         if routes is None:
             raise ValueError("a team's forward needs one route (agent) per row")
         if len(routes) != inputs["input_ids"].shape[0]:
             raise ValueError(f"{len(routes)} routes for {inputs['input_ids'].shape[0]} rows")
-        self.segments = _segments(list(routes))
+        previous, self.segments = self.segments, _segments(list(routes))
         try:
             return self.model(**inputs)
         finally:
-            if not self.sticky:
-                self.segments = None
+            self.segments = previous
+
+    def checkpoint_contexts(self) -> tuple[Any, Any]:
+        """``torch.utils.checkpoint``'s ``context_fn``: called as a checkpointed layer runs, it
+        captures the routing of that forward, so the layer's recompute in the backward pass runs
+        each row through the same adapter, whichever forward (scoring chunk, critic) came last."""
+        return nullcontext(), _Routing(self, self.segments)
+
+
+class _Routing:
+    """Sets a :class:`TeamRunner`'s routing for the duration of a ``with`` block (re-enterable)."""
+
+    def __init__(self, runner: TeamRunner, segments: list[tuple[str, int, int]] | None) -> None:
+        self.runner, self.segments, self.saved = runner, segments, []
+
+    def __enter__(self) -> None:
+        self.saved.append(self.runner.segments)
+        self.runner.segments = self.segments
+
+    def __exit__(self, *exc: Any) -> None:
+        self.runner.segments = self.saved.pop()
 
 
 def _routed_forward(runner: TeamRunner, plain: Any) -> Any:
@@ -246,20 +261,20 @@ class LoRATeam:
         self.agents = agents
         for name, parameter in model.named_parameters():
             parameter.requires_grad_(any(f".lora_{ab}.{a}." in name for a in agents for ab in "AB"))
-        self.gradient_checkpointing = bool(gradient_checkpointing)
-        if self.gradient_checkpointing:
-            inner = model.get_base_model()
-            if hasattr(inner, "activation_checkpointing_enable"):  # transformers >= 5.x's name
-                inner.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            model.train()
         if settings.pop("fused_activations", True):
             from llm_marl.policies.causal_lm import fuse_activations
 
             fuse_activations(model)
         self.runner = TeamRunner(model)
-        self.runner.sticky = self.gradient_checkpointing
+        self.gradient_checkpointing = bool(gradient_checkpointing)
+        if self.gradient_checkpointing:
+            inner = model.get_base_model()
+            options = {"use_reentrant": False, "context_fn": self.runner.checkpoint_contexts}
+            if hasattr(inner, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+                inner.activation_checkpointing_enable(activation_checkpointing_kwargs=options)
+            else:
+                inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
+            model.train()
         self.policies: dict[str, AdapterPolicy] = {a: AdapterPolicy(self, a, **settings) for a in agents}
         self.name = model_name(model.get_base_model())
 
