@@ -88,6 +88,17 @@ def test_a_checkpoint_of_another_run_is_moved_aside_not_replaced(tmp_path):
     assert digest(aside) == foreign
 
 
+def negated_rewards(run):
+    """Make ``run``'s task pay the opposite rewards (a judge or test that answers differently the
+    second time), so a resumed run's later checkpoints hold another state than the first time."""
+    original = run.env.task.rewards
+
+    def rewards(item, joint_actions, history):
+        return [(-r[0], r[1]) if isinstance(r, tuple) else -r for r in original(item, joint_actions, history)]
+
+    run.env.task.rewards = rewards
+
+
 def test_resuming_an_older_checkpoint_moves_the_run_s_later_one_aside_not_silently_replaced(tmp_path):
     out = tmp_path / "run"
     with warnings.catch_warnings():
@@ -95,10 +106,37 @@ def test_resuming_an_older_checkpoint_moves_the_run_s_later_one_aside_not_silent
         trainer(out, save_steps=1, save_total_limit=None).train()
     later = digest(out / "checkpoint-3")
     resumed = trainer(out, save_steps=1, save_total_limit=None)
+    negated_rewards(resumed)  # steps 2 and 3 now go differently: checkpoint-3 is another state
     with pytest.warns(UserWarning, match=r"checkpoint-3 belonged to this run before the checkpoint it resumed from; moved it aside"):
         resumed.train(resume_from_checkpoint=str(out / "checkpoint-1"))
     [aside] = [p for p in out.iterdir() if p.name.startswith("checkpoint-3.replaced-")]
     assert digest(aside) == later and (out / "checkpoint-3" / "manifest.json").exists()
+    assert digest(out / "checkpoint-3")["agent_0/policy.pt"] != later["agent_0/policy.pt"]
+
+
+def test_resuming_a_finished_run_re_saves_its_last_checkpoint_without_a_copy(tmp_path):
+    """A run that finished training but was stopped before it was done (e.g. during the CLI's
+    closing evaluation) resumes: nothing is left to train, so it writes checkpoint-3 again with
+    the same state. That is not a conflict: no checkpoint-3.replaced-* copy, no warning."""
+    out = tmp_path / "run"
+    trainer(out).train()
+    first = digest(out / "checkpoint-3")
+    resumed = trainer(out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        state = resumed.train(resume_from_checkpoint=True)
+    assert state.global_step == 3
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith(("checkpoint-", "."))) == ["checkpoint-3"]
+    again = digest(out / "checkpoint-3")
+    assert {k for k in first if first[k] != again[k]} <= {"trainer_state.json", "manifest.json"}  # only when it was written
+    checkpoint.verify(str(out / "checkpoint-3"))
+    # resumed from an older checkpoint, a run that trains steps 2 and 3 the same way again is no conflict either
+    steps = tmp_path / "steps"
+    trainer(steps, save_steps=1, save_total_limit=None).train()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        trainer(steps, save_steps=1, save_total_limit=None).train(resume_from_checkpoint=str(steps / "checkpoint-1"))
+    assert sorted(p.name for p in steps.iterdir() if p.name.startswith(("checkpoint-", "."))) == [f"checkpoint-{i}" for i in (1, 2, 3)]
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])

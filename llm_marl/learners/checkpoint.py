@@ -18,7 +18,9 @@ previous checkpoint stays usable. On load the manifest is verified; ``resolve(Tr
 picks the newest checkpoint of that run (by the time it was written) that verifies, warning about
 any newer one that does not. Only the newest ``save_total_limit`` checkpoints of the run are kept;
 another run's checkpoints are never deleted, and one in the way of a new checkpoint of the same
-name is moved aside to ``checkpoint-N.replaced-<time>`` with a warning (``run_folder.py``).
+name is moved aside to ``checkpoint-N.replaced-<time>`` with a warning (``run_folder.py``) —
+unless it holds the same state (:func:`same_state`: the manifests' hashes agree, e.g. a finished
+run resumed re-saves its last checkpoint), which is replaced without a copy.
 """
 
 from __future__ import annotations
@@ -82,20 +84,56 @@ def save(trainer: Any) -> str:
     _write_json(os.path.join(tmp, "manifest.json"), _manifest(tmp))
     _fsync_tree(tmp)
     written = trainer.__dict__.setdefault("_checkpoints_written", set())
-    if os.path.exists(final):
-        if final in written:
-            shutil.rmtree(final)  # this trainer wrote it, at this same step (e.g. the closing save)
-        else:
+    if os.path.exists(final) and (final in written or same_state(final, tmp)):
+        # this trainer wrote it at this same step (e.g. the closing save), or it holds exactly
+        # this state (a finished run resumed re-saves its last checkpoint): no conflict, no copy
+        old = os.path.join(output_dir, f".old-{name}-{os.getpid()}")
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        if os.path.exists(final):
             own = run_id is not None and _run_of(final).get("run_id") == run_id
             whose = "this run before the checkpoint it resumed from" if own else "another run"
             aside = f"{final}.replaced-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
             os.rename(final, aside)
             warnings.warn(f"{final} belonged to {whose}; moved it aside to {aside}")
-    os.replace(tmp, final)
+        os.replace(tmp, final)
     written.add(final)
     trainer.state.last_checkpoint = final
     _rotate(output_dir, trainer.args.save_total_limit, keep=final, run_id=run_id)
     return final
+
+
+def same_state(path: str, other: str) -> bool:
+    """True when checkpoints ``path`` and ``other`` hold the same training state: ``path`` is
+    intact, every file but ``trainer_state.json`` has the same size and SHA-256 in both manifests,
+    and ``trainer_state.json`` agrees on the state, the run id and the config fields a resume
+    may not change (:data:`~llm_marl.learners.run_folder.RESUMABLE_FIELDS`). When it was written
+    does not count."""
+    from llm_marl.learners.run_folder import RESUMABLE_FIELDS
+
+    try:
+        manifests = [_read_json(os.path.join(folder, "manifest.json")) for folder in (path, other)]
+        saved = [_read_json(os.path.join(folder, "trainer_state.json")) for folder in (path, other)]
+    except (OSError, ValueError):
+        return False
+    files = [{rel: entry for rel, entry in m.items() if rel != "trainer_state.json"} for m in manifests]
+    if files[0] != files[1]:
+        return False
+
+    def essence(data: dict[str, Any]) -> Any:
+        args = {k: v for k, v in (data.get("args") or {}).items() if k not in RESUMABLE_FIELDS}
+        return data.get("state"), (data.get("run") or {}).get("run_id"), args
+
+    if essence(saved[0]) != essence(saved[1]):
+        return False
+    try:
+        verify(path)  # its files are what its manifest says
+    except CheckpointError:
+        return False
+    return True
 
 
 def load(trainer: Any, path: str) -> None:
