@@ -363,8 +363,11 @@ def _make_policies(options: dict[str, Any], env: Any, args: Any, explicit: set[s
         if args.lora_r is not None or _saved_adapters(options.get("model"), env.possible_agents):
             return _adapter_team(options.get("model") or "tiny", env, args)
         policies = []
+        from llm_marl.policies.models import resolve_model
+
         for agent, path in zip(env.possible_agents, _model_paths(options.get("model") or "tiny", env.possible_agents)):
-            saved = path != "tiny" and os.path.isfile(os.path.join(path, SETTINGS_FILE))
+            folder = path if path == "tiny" else resolve_model(path)  # a named model: its cached folder
+            saved = path != "tiny" and os.path.isfile(os.path.join(folder, SETTINGS_FILE))
             chosen = [f for f in SAMPLING_FIELDS if not saved or explicit is None or f in explicit]
             settings = {f: getattr(args, f) for f in chosen}
             if path == "tiny":
@@ -374,7 +377,7 @@ def _make_policies(options: dict[str, Any], env: Any, args: Any, explicit: set[s
                 policy = CausalLMPolicy(lm, tokenizer, **settings)
             else:
                 try:
-                    policy = CausalLMPolicy.from_pretrained(path, **settings)
+                    policy = CausalLMPolicy.from_pretrained(folder, **settings)
                 except OSError as exc:
                     raise UsageError(f"--model {path}: cannot load it ({str(exc).splitlines()[0]})") from None
             shown = ", ".join(f"{f}={getattr(policy, f)!r}" for f in SAMPLING_FIELDS)
@@ -452,6 +455,10 @@ def _adapter_team(model: Any, env: Any, args: Any) -> list[Any]:
         from llm_marl.policies.tiny import build_tiny_model, default_model_dir
 
         model = str(build_tiny_model(default_model_dir()))  # built on first use, then cached
+    else:
+        from llm_marl.policies.models import resolve_model
+
+        model = resolve_model(model)  # a named model: its cached folder
     team = LoRATeam.from_pretrained(model, agents, dtype=args.model_dtype, **team_options(args))
     return [team.policies[agent] for agent in agents]
 
@@ -623,6 +630,31 @@ def cmd_list(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
+def cmd_models(ns: argparse.Namespace, argv: Sequence[str]) -> int:
+    from llm_marl.policies import models
+
+    print(f"named models (--model NAME; cache: {models.llm_marl_home()}, set LLM_MARL_HOME to move it):")
+    states = {
+        "cached": "cached",
+        "damaged": "not cached (an incomplete folder is there; rebuilt on first use)",
+        "installed": "not cached (package installed; converted on first use)",
+        "wheel": "not cached (wheel downloaded; converted on first use)",
+        "absent": "not cached (fetched on first use)",
+    }
+    width = max(len(name) for name in models.MODELS)
+    for name, spec in models.MODELS.items():
+        state = models.cache_state(name)
+        where = f" {models.model_dir(name)}" if state == "cached" else ""
+        print(f"  {name:<{width}}  {states[state]}{where}")
+        print(f"  {'':<{width}}  {spec.description}; {spec.license}")
+        print(
+            f"  {'':<{width}}  from {spec.requirement} ({spec.wheel_bytes / 1e6:.0f} MB wheel, "
+            f"{spec.converted_bytes / 1e6:.0f} MB converted); on the hub: {spec.hub_id}"
+        )
+    print(f"  {'tiny':<{width}}  built locally on first use (a 2-layer GPT-2 for tests and quick checks)")
+    return 0
+
+
 def cmd_plot(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     from llm_marl.plotting import plot_run
 
@@ -698,6 +730,10 @@ def parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     common(listing)
     listing.set_defaults(func=cmd_list)
 
+    listing_models = commands.add_parser("models", help="list the named models (--model NAME), their sizes and what is cached")
+    common(listing_models)
+    listing_models.set_defaults(func=cmd_models)
+
     plot = commands.add_parser("plot", help="write PNG learning curves of a run")
     plot.add_argument("run_dir")
     plot.add_argument("--out", help="output folder (default RUN_DIR/plots)")
@@ -718,8 +754,9 @@ def _usage_errors() -> tuple[type, ...]:
     from llm_marl.learners.checkpoint import NoSuchCheckpoint, NothingToResume
     from llm_marl.learners.config_types import ConfigTypeError
     from llm_marl.learners.run_folder import RunFolderError
+    from llm_marl.policies.models import ModelUnavailable
 
-    return (UsageError, ConfigTypeError, RunFolderError, NothingToResume, NoSuchCheckpoint, UnknownEnvError)
+    return (UsageError, ConfigTypeError, RunFolderError, NothingToResume, NoSuchCheckpoint, UnknownEnvError, ModelUnavailable)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

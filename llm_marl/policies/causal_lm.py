@@ -303,7 +303,8 @@ class CausalLMPolicy:
         tokenizer_kwargs: Mapping[str, Any] | None = None,
         **settings: Any,
     ) -> "CausalLMPolicy":
-        """Load model and tokenizer with the ``Auto*`` classes and wrap them.
+        """Load model and tokenizer with the ``Auto*`` classes and wrap them. ``path_or_id``: a
+        folder, a hub id, or a named model (:mod:`llm_marl.policies.models`, e.g. ``"smollm2-135m"``).
 
         Generation settings saved by :meth:`save_pretrained` (``llm_marl_policy.json``) are the
         defaults; keyword ``settings`` (those of the constructor) override them.
@@ -311,6 +312,9 @@ class CausalLMPolicy:
         """
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from llm_marl.policies.models import resolve_model
+
+        path_or_id = resolve_model(path_or_id)  # a named model (``smollm2-135m``): its cached folder
         saved: dict[str, Any] = {}
         settings_file = Path(path_or_id) / SETTINGS_FILE
         if settings_file.is_file():
