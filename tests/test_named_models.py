@@ -213,3 +213,17 @@ def test_models_command_lists_names_sizes_and_cache_state(tiny_name, capsys):
 def test_unknown_name_is_refused_with_the_known_names():
     with pytest.raises(KeyError, match="smollm2-135m"):
         models.ensure_model("smollm3-9b")
+
+
+def test_a_name_works_for_the_team_the_critic_and_the_drop_in_constructor(tiny_name):
+    from llm_marl.learners import anchor_compat
+    from llm_marl.policies.lm_critic import CausalLMCritic
+    from llm_marl.policies.lora_team import LoRATeam
+
+    folder = models.resolve_model("tiny-llama")
+    team = LoRATeam.from_pretrained("tiny-llama", agents=("a", "b"), r=2, target_modules=["q_proj", "v_proj"], max_new_tokens=3)
+    assert sorted(team.policies) == ["a", "b"] and team.policies["a"].tokenizer.eos_token == "<|im_end|>"
+    critic = CausalLMCritic.from_pretrained("tiny-llama")
+    assert critic.values(["The sea is wide."]).shape[0] == 1
+    base = anchor_compat._load_model("tiny-llama", 0, {}, shared=False)
+    assert base.config.num_hidden_layers == 2 and Path(base.name_or_path) == Path(folder)

@@ -271,6 +271,10 @@ def _adapter_team(
 
     if isinstance(tokenizer, (list, tuple)):
         raise ValueError("args.lora_r: the agents share one base model, so pass one tokenizer, not a list")
+    if isinstance(agent_model, str):
+        from llm_marl.policies.models import resolve_model
+
+        agent_model = resolve_model(agent_model)  # a named model: its cached folder (tokenizer too)
     [tok] = _tokenizers(tokenizer, [agent_model])
     config = dict(model_config)
     if getattr(args, "model_dtype", None) is not None:
@@ -308,6 +312,9 @@ def _load_model(source: Any, index: int, model_config: dict[str, Any], shared: b
     from transformers import AutoModelForCausalLM
 
     if isinstance(source, str):
+        from llm_marl.policies.models import resolve_model
+
+        source = resolve_model(source)  # a named model (``smollm2-135m``): its cached folder
         kwargs = {}
         dtype = model_config.get("dtype", model_config.get("torch_dtype"))
         if dtype is not None:

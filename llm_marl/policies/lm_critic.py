@@ -249,11 +249,18 @@ class CausalLMCritic:
 
     @classmethod
     def from_pretrained(cls, path: str | os.PathLike[str], **kwargs: Any) -> "CausalLMCritic":
-        """Load a critic written by :meth:`save_pretrained` (separate placement)."""
+        """Load a critic written by :meth:`save_pretrained` (separate placement); a named model
+        (``"smollm2-135m"``, :mod:`llm_marl.policies.models`) gives a new value head on that base."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from llm_marl.policies.models import is_model_name, resolve_model
+
+        named = is_model_name(path)
+        path = resolve_model(path)
         model = AutoModelForCausalLM.from_pretrained(path)
         tokenizer = AutoTokenizer.from_pretrained(path)
+        if named:
+            return cls(model, tokenizer, **kwargs)
         saved = torch.load(Path(path) / HEAD_FILE, weights_only=False)
         head = ValueHead(hidden_size_of(model), saved["num_outputs"], saved["hidden_dim"])
         head.load_state_dict(saved["state"])

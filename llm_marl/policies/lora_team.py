@@ -308,6 +308,9 @@ class LoRATeam:
         those of :class:`CausalLMPolicy`."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from llm_marl.policies.models import resolve_model
+
+        path_or_id = resolve_model(path_or_id)  # a named model (``smollm2-135m``): its cached folder
         kwargs = dict(model_kwargs or {})
         if dtype is not None:
             kwargs["dtype"] = _dtype(dtype)
