@@ -47,7 +47,7 @@ def test_converted_folder_has_the_logits_of_the_gguf_loaded_model(tiny_gguf, tmp
     torch.testing.assert_close(_logits(converted), _logits(original), rtol=1e-5, atol=1e-5)  # the writer is right too
     loaded = AutoTokenizer.from_pretrained(folder)
     text = "<|im_start|>user\nThe sea is wide.<|im_end|>\n"
-    assert loaded(text)["input_ids"] == tokenizer(text)["input_ids"]
+    assert loaded(text, add_special_tokens=False)["input_ids"] == tokenizer(text, add_special_tokens=False)["input_ids"]
     assert loaded.chat_template == tokenizer.chat_template
     assert (loaded.eos_token, loaded.pad_token) == ("<|im_end|>", "<|im_end|>")
     assert converted.generation_config.eos_token_id == tokenizer.eos_token_id

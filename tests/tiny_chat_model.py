@@ -31,8 +31,11 @@ CORPUS = [
 ] * 4
 
 
-def chat_tokenizer(vocab_size: int = 320):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+def chat_tokenizer(vocab_size: int = 320, add_bos: bool = True):
+    """``add_bos``: the tokenizer puts ``<|im_start|>`` before a text when asked for special
+    tokens (as Llama tokenizers put their bos), so a template that writes it already must not
+    get it twice."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 
     backend = Tokenizer(models.BPE())
@@ -45,6 +48,11 @@ def chat_tokenizer(vocab_size: int = 320):
         show_progress=False,
     )
     backend.train_from_iterator(CORPUS, trainer=trainer)
+    if add_bos:
+        start = backend.token_to_id("<|im_start|>")
+        backend.post_processor = processors.TemplateProcessing(
+            single="<|im_start|> $A", pair="<|im_start|> $A <|im_start|> $B", special_tokens=[("<|im_start|>", start)]
+        )
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token="<|im_start|>",

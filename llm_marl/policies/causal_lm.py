@@ -69,6 +69,16 @@ Context length. Prompts longer than the model's context minus one token are cut 
 padded prompt width leaves less room than that (the decode loop and ``generate`` alike). Both
 are applied identically when scoring.
 
+Chat templates. An instruct model answers well only in its chat format. With ``chat_template``
+None (the default) a tokenizer that has a chat template gets its prompts through it (True
+requires one; False sends the raw text, as before). A string observation becomes one user
+message, preceded by a system message when ``system_prompt`` is set; an observation may also be
+a list of ``{"role", "content"}`` messages (``system_prompt`` is prepended when they hold no
+system message). The rendered text (``add_generation_prompt=True``) is tokenized without adding
+special tokens again, once per prompt, and those very ids are what sampling and scoring use. The
+template's end-of-turn token (the special token the template writes right after an assistant
+message, e.g. ChatML's ``<|im_end|>``) ends an answer, ahead of the tokenizer's eos.
+
 Sampling uses torch's global RNG (the trainer seeds it), so seeded runs repeat.
 """
 
@@ -104,6 +114,8 @@ _SETTING_NAMES = (
     "use_hf_generate",
     "score_prompts_once",
     "fused_activations",
+    "chat_template",
+    "system_prompt",
 )
 
 
@@ -146,6 +158,40 @@ def _dropout_rates(model: torch.nn.Module) -> dict[str, float]:
     return rates
 
 
+def _observation_key(observation: Any, templated: bool) -> Any:
+    """A hashable memo key of an observation (a string, or a list of chat messages)."""
+    if isinstance(observation, str):
+        return observation
+    try:
+        messages = tuple((str(m["role"]), str(m["content"])) for m in observation)
+    except (TypeError, KeyError) as exc:
+        raise TypeError(
+            f"an observation must be a string or a list of {{'role', 'content'}} messages, got {observation!r:.80} ({exc})"
+        ) from None
+    if not templated:
+        raise TypeError(f"an observation that is a list of messages needs a chat template: {observation!r:.80}")
+    return messages
+
+
+def _end_of_turn_id(tokenizer: Any) -> int | None:
+    """The special token a chat template writes right after an assistant message (ChatML's
+    ``<|im_end|>``), found by rendering a two-message chat; None if there is none."""
+    marker = "\u2063llm_marl\u2063"
+    try:
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": marker}], tokenize=False
+        )
+    except Exception:  # a template that needs other messages: no end-of-turn token known
+        return None
+    if marker not in text:
+        return None
+    after = text.split(marker, 1)[1]
+    ids = tokenizer(after, add_special_tokens=False, verbose=False)["input_ids"] if after else []
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    special |= {int(i) for i, t in getattr(tokenizer, "added_tokens_decoder", {}).items() if getattr(t, "special", False)}
+    return int(ids[0]) if ids and int(ids[0]) in special else None
+
+
 class CausalLMPolicy:
     """A :class:`~llm_marl.policies.base.Policy` over a Hugging Face causal LM and its tokenizer.
 
@@ -174,6 +220,10 @@ class CausalLMPolicy:
             compute); False: one pass over every ``prompt + answer`` row.
         fused_activations: replace the model's Python tanh-GELU modules by the fused kernel of
             the same function (:func:`fuse_activations`; outputs agree to float rounding).
+        chat_template: None: prompts go through the tokenizer's chat template when it has one;
+            True: they must (a tokenizer without one is an error); False: raw text.
+        system_prompt: with a chat template, a system message put before each observation that
+            has none (None: the template's own default, if any).
         generation_kwargs: extra keyword arguments for ``model.generate``; non-empty implies
             ``use_hf_generate`` (beware: anything that changes the sampling distribution makes
             scores differ from the sampler).
@@ -197,6 +247,8 @@ class CausalLMPolicy:
         use_hf_generate: bool = False,
         score_prompts_once: bool = True,
         fused_activations: bool = True,
+        chat_template: bool | None = None,
+        system_prompt: str | None = None,
         generation_kwargs: Mapping[str, Any] | None = None,
         device: str | torch.device | None = None,
     ) -> None:
@@ -221,6 +273,16 @@ class CausalLMPolicy:
             raise ValueError(
                 f"score_temperature must be 'sampling' or a number > 0, got {score_temperature!r}"
             )
+        if chat_template not in (None, True, False):
+            raise ValueError(f"chat_template must be None, True or False, got {chat_template!r}")
+        if system_prompt is not None and not isinstance(system_prompt, str):
+            raise ValueError(f"system_prompt must be a string or None, got {type(system_prompt).__name__}")
+        has_template = bool(getattr(tokenizer, "chat_template", None))
+        if chat_template is True and not has_template:
+            raise ValueError(
+                f"chat_template=True, but the tokenizer of {model_name(model)} has no chat template "
+                "(set tokenizer.chat_template, or use chat_template=None/False for raw text)"
+            )
         for name, value in (("max_batch_size", max_batch_size), ("max_batch_tokens", max_batch_tokens)):
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an int >= 1 or None, got {value!r}")
@@ -240,8 +302,16 @@ class CausalLMPolicy:
         self.score_prompts_once = bool(score_prompts_once)
         self.generation_kwargs = dict(generation_kwargs or {})
         self.name = model_name(model)
+        self.chat_template = chat_template
+        self.system_prompt = system_prompt
+        self.uses_chat_template = has_template if chat_template is None else chat_template
+        if system_prompt is not None and not self.uses_chat_template:
+            warnings.warn(f"{self.name}: system_prompt is ignored without a chat template (raw prompts)", stacklevel=2)
 
         eos_ids: list[int] = []
+        end_of_turn = _end_of_turn_id(tokenizer) if self.uses_chat_template else None
+        if end_of_turn is not None:
+            eos_ids.append(end_of_turn)
         config_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
         for candidate in (tokenizer.eos_token_id, config_eos):
             for token in candidate if isinstance(candidate, (list, tuple)) else [candidate]:
@@ -396,18 +466,45 @@ class CausalLMPolicy:
         """
         if not observations:
             return []
-        key = (len(self.tokenizer), self.add_special_tokens, self.context_length)
+        templated = self.uses_chat_template
+        key = (len(self.tokenizer), self.add_special_tokens, self.context_length, templated, self.system_prompt)
         if key != self._prompt_memo_key or len(self._prompt_memo) > PROMPT_MEMO_SIZE:
             self._prompt_memo, self._prompt_memo_key = {}, key
         memo = self._prompt_memo
-        missing = list(dict.fromkeys(text for text in observations if text not in memo))
+        keys = [_observation_key(observation, templated) for observation in observations]
+        missing = {k: o for k, o in zip(keys, observations) if k not in memo}
         if missing:
-            encoded = self.tokenizer(missing, add_special_tokens=self.add_special_tokens, verbose=False)["input_ids"]
+            if templated:
+                texts = [self.render_prompt(o) for o in missing.values()]
+                encoded = self.tokenizer(texts, add_special_tokens=False, verbose=False)["input_ids"]
+            else:
+                encoded = self.tokenizer(list(missing.values()), add_special_tokens=self.add_special_tokens, verbose=False)["input_ids"]
             limit = self.context_length - 1 if self.context_length else None
-            for text, ids in zip(missing, encoded):
+            for k, ids in zip(missing, encoded):
                 ids = tuple(ids) or (self._empty_prompt_id,)
-                memo[text] = ids[-limit:] if limit and len(ids) > limit else ids
-        return [list(memo[text]) for text in observations]
+                memo[k] = ids[-limit:] if limit and len(ids) > limit else ids
+        return [list(memo[k]) for k in keys]
+
+    def messages(self, observation: str | Sequence[Mapping[str, str]]) -> list[dict[str, str]]:
+        """The chat messages of one observation: a string becomes one user message; a list of
+        ``{"role", "content"}`` messages is kept; ``system_prompt`` goes first where no system
+        message is."""
+        if isinstance(observation, str):
+            chat = [{"role": "user", "content": observation}]
+        else:
+            chat = [dict(message) for message in observation]
+        if self.system_prompt is not None and not any(m["role"] == "system" for m in chat):
+            chat.insert(0, {"role": "system", "content": self.system_prompt})
+        return chat
+
+    def render_prompt(self, observation: str | Sequence[Mapping[str, str]]) -> str:
+        """The text a prompt is tokenized from: the chat template's rendering of
+        :meth:`messages` (with the assistant's turn opened), or the raw observation."""
+        if not self.uses_chat_template:
+            if not isinstance(observation, str):
+                raise TypeError(f"{self.name}: an observation that is a list of messages needs a chat template")
+            return observation
+        return self.tokenizer.apply_chat_template(self.messages(observation), add_generation_prompt=True, tokenize=False)
 
     def _answer_ids(self, completion: Completion) -> list[int]:
         if completion.token_ids is not None:
@@ -469,8 +566,8 @@ class CausalLMPolicy:
         return max(1, min(self.max_new_tokens, self.context_length - prompt_width))
 
     def sample(self, observations: Sequence[str], num_samples: int) -> list[list[Completion]]:
-        """``num_samples`` answers per observation, from one batched decode (chunked only by
-        ``max_batch_size``)."""
+        """``num_samples`` answers per observation (a string or a list of chat messages), from
+        one batched decode (chunked only by ``max_batch_size``)."""
         if not isinstance(num_samples, int) or num_samples < 1:
             raise ValueError(f"num_samples must be an int >= 1, got {num_samples!r}")
         return self.sample_encoded(self.encode_prompts(list(observations)), num_samples)
