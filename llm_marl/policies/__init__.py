@@ -2,6 +2,7 @@
 adapters on one base) behind one protocol; and what judges:
 critics (tabular and language-model value heads) for the actor-critic learners."""
 
+from llm_marl.policies.adapter_critic import AdapterCritic
 from llm_marl.policies.base import Completion, Policy
 from llm_marl.policies.causal_lm import CausalLMPolicy
 from llm_marl.policies.critic import Critic, joint_observation
@@ -12,6 +13,7 @@ from llm_marl.policies.tabular import TabularPolicy
 from llm_marl.policies.tabular_critic import TabularCritic
 
 __all__ = [
+    "AdapterCritic",
     "AdapterPolicy",
     "CausalLMCritic",
     "CausalLMPolicy",

@@ -40,6 +40,7 @@ import torch
 from torch import nn
 
 from llm_marl.policies.base import Completion
+from llm_marl.policies.lm_runner import ModelRunner
 
 HEAD_FILE = "value_head.pt"
 
@@ -121,15 +122,8 @@ class CausalLMCritic:
         self.eos_token_id = int(tokenizer.eos_token_id)
         self.head = head if head is not None else ValueHead(hidden_size_of(model), num_outputs, hidden_dim, seed=seed)
         self.head.to(self._model_device())
-        positions = getattr(getattr(model, "config", None), "n_positions", None) or getattr(
-            getattr(model, "config", None), "max_position_embeddings", None
-        )
-        self.context_length: int | None = int(positions) if positions else None
-        import inspect
-
-        forward = inspect.signature(model.forward).parameters
-        self._takes_position_ids = "position_ids" in forward
-        self._takes_logits_to_keep = "logits_to_keep" in forward
+        self.runner = self._make_runner(model)
+        self.context_length: int | None = self.runner.context_length
         if device is not None:
             self.to(device)
 
@@ -146,8 +140,20 @@ class CausalLMCritic:
     ) -> "CausalLMCritic":
         """A critic for a :class:`~llm_marl.policies.CausalLMPolicy`: a head on its model
         (``shared``) or on a deep copy of it. ``seed`` initialises the head; ``name`` is unused
-        here (it names a team's value adapter, :class:`~llm_marl.policies.adapter_critic.AdapterCritic`)."""
+        here (it names a team's value adapter, :class:`~llm_marl.policies.adapter_critic.AdapterCritic`).
+
+        An agent of a :class:`~llm_marl.policies.LoRATeam` gets an
+        :class:`~llm_marl.policies.adapter_critic.AdapterCritic` instead: it reads through the
+        agent's own adapter (``shared``) or a value adapter ``name`` of its own, on the team's
+        one base (no copy)."""
         import copy
+
+        from llm_marl.policies.lora_team import AdapterPolicy
+
+        if isinstance(policy, AdapterPolicy):
+            from llm_marl.policies.adapter_critic import AdapterCritic
+
+            return AdapterCritic.for_agent(policy, shared=shared, num_outputs=num_outputs, hidden_dim=hidden_dim, seed=seed, name=name)
 
         model = policy.model if shared else copy.deepcopy(policy.model)
         return cls(model, policy.tokenizer, num_outputs=num_outputs, hidden_dim=hidden_dim, shared=shared,
@@ -198,12 +204,19 @@ class CausalLMCritic:
             "output_hidden_states": True,
             "use_cache": False,
         }
-        if self._takes_position_ids:
+        if self.runner.takes_position_ids:
             inputs["position_ids"] = (inputs["attention_mask"].cumsum(-1) - 1).clamp(min=0)
-        if self._takes_logits_to_keep:
+        if self.runner.takes_logits_to_keep:
             inputs["logits_to_keep"] = 1
-        hidden = self.model(**inputs).hidden_states[-1][:, -1]
+        hidden = self.runner.forward(inputs, self._routes(len(rows))).hidden_states[-1][:, -1]
         return self.head(hidden)
+
+    def _make_runner(self, model: Any) -> ModelRunner:
+        return ModelRunner(model)
+
+    def _routes(self, rows: int) -> list[str] | None:
+        """What each row runs through (a plain model: one route, None)."""
+        return None
 
     # ------------------------------------------------------------------ state
 

@@ -82,6 +82,26 @@ def _lora_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
     return layers
 
 
+def adapter_parameters(model: torch.nn.Module, adapter: str) -> Iterator[tuple[str, torch.nn.Parameter]]:
+    """``(name, parameter)`` of one LoRA adapter of ``model`` (its ``lora_A`` and ``lora_B`` weights)."""
+    marks = (f".lora_A.{adapter}.", f".lora_B.{adapter}.")
+    return ((n, p) for n, p in model.named_parameters() if any(m in n for m in marks))
+
+
+def save_adapter(model: Any, adapter: str, directory: str | os.PathLike[str]) -> Path:
+    """Write one adapter of a peft ``model`` in peft's format (``adapter_model.safetensors`` and
+    ``adapter_config.json``): ``peft.PeftModel.from_pretrained(base_model, directory)`` reads it."""
+    from peft.utils import get_peft_model_state_dict
+    from safetensors.torch import save_file
+
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    weights = get_peft_model_state_dict(model, adapter_name=adapter)
+    save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(path / "adapter_model.safetensors"))
+    model.peft_config[adapter].save_pretrained(str(path))
+    return path
+
+
 class TeamRunner(ModelRunner):
     """A :class:`ModelRunner` whose rows each carry the adapter (agent) they run through."""
 
@@ -172,8 +192,7 @@ class AdapterPolicy(CausalLMPolicy):
         return super().sample(observations, num_samples)
 
     def named_parameters(self) -> Iterator[tuple[str, torch.nn.Parameter]]:
-        marks = (f".lora_A.{self.adapter}.", f".lora_B.{self.adapter}.")
-        return ((n, p) for n, p in self.model.named_parameters() if any(m in n for m in marks))
+        return adapter_parameters(self.model, self.adapter)
 
     def parameters(self) -> Iterator[torch.nn.Parameter]:
         return (p for _, p in self.named_parameters())
@@ -196,14 +215,7 @@ class AdapterPolicy(CausalLMPolicy):
     def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
         """Write this adapter in peft's format (plus the tokenizer and the policy settings):
         ``peft.PeftModel.from_pretrained(base_model, directory)`` reads it."""
-        from peft.utils import get_peft_model_state_dict
-        from safetensors.torch import save_file
-
-        path = Path(directory)
-        path.mkdir(parents=True, exist_ok=True)
-        weights = get_peft_model_state_dict(self.model, adapter_name=self.adapter)
-        save_file({k: v.detach().contiguous().cpu() for k, v in weights.items()}, str(path / "adapter_model.safetensors"))
-        self.model.peft_config[self.adapter].save_pretrained(str(path))
+        path = save_adapter(self.model, self.adapter, directory)
         self.tokenizer.save_pretrained(path)
         with open(path / SETTINGS_FILE, "w", encoding="utf-8") as handle:
             json.dump(self.settings(), handle, indent=2)
@@ -259,8 +271,9 @@ class LoRATeam:
         self.model = model
         self.tokenizer = tokenizer
         self.agents = agents
-        for name, parameter in model.named_parameters():
-            parameter.requires_grad_(any(f".lora_{ab}.{a}." in name for a in agents for ab in "AB"))
+        self.trainable_adapters: list[str] = list(agents)
+        """The adapters that train: the agents', and value adapters (:meth:`add_adapter`)."""
+        self._set_trainable()
         if settings.pop("fused_activations", True):
             from llm_marl.policies.causal_lm import fuse_activations
 
@@ -423,8 +436,36 @@ class LoRATeam:
             yield
         finally:
             self.model.set_adapter(previous)
-            for name, parameter in self.model.named_parameters():  # set_adapter freezes the others
-                parameter.requires_grad_(any(f".lora_{ab}.{a}." in name for a in self.agents for ab in "AB"))
+            self._set_trainable()  # set_adapter freezes the others
+
+    def _set_trainable(self) -> None:
+        """Only the adapters in :attr:`trainable_adapters` require gradients; the base never does."""
+        marks = [f".lora_{ab}.{a}." for a in self.trainable_adapters for ab in "AB"]
+        for name, parameter in self.model.named_parameters():
+            parameter.requires_grad_(any(m in name for m in marks))
+
+    def add_adapter(self, name: str, like: str) -> None:
+        """A new trainable adapter ``name`` on the team's base, with agent ``like``'s LoRA config
+        and a copy of its current weights, routed like an agent's (e.g. a critic's value adapter,
+        :class:`~llm_marl.policies.adapter_critic.AdapterCritic`). The base is not copied."""
+        import copy
+
+        if not isinstance(name, str) or not name or "." in name or name == BASE_ROUTE:
+            raise ValueError(f"adapter name must be a non-empty string without '.', not {BASE_ROUTE!r}; got {name!r}")
+        if name in self.model.peft_config:
+            raise ValueError(f"the team already has an adapter named {name!r} (adapters: {sorted(self.model.peft_config)})")
+        if like not in self.model.peft_config:
+            raise KeyError(f"no adapter {like!r} in the team (adapters: {sorted(self.model.peft_config)})")
+        layers = _lora_layers(self.model)
+        self.model.add_adapter(name, copy.deepcopy(self.model.peft_config[like]))
+        if len(_lora_layers(self.model)) != len(layers):  # pragma: no cover - same config, same layers
+            raise RuntimeError(f"adapter {name!r} added LoRA layers that the team's runner does not route")
+        with torch.no_grad():
+            for layer in layers:
+                for weights in (layer.lora_A, layer.lora_B):
+                    weights[name].weight.copy_(weights[like].weight)
+        self.trainable_adapters.append(name)
+        self._set_trainable()
 
     # ------------------------------------------------------------------ one pass for the team
 
