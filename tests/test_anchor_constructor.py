@@ -107,7 +107,7 @@ class Recorder:
     # reward_func with batch_items in its signature
     def reward_with_items(self, answers_0, answers_1, batch_items=None):
         self.reward_calls.append(((answers_0, answers_1), {"batch_items": batch_items}))
-        return [len(answers_0[0].split()) + 0.5 * len(answers_1[0].split()), -123.0]
+        return [len(answers_0[0].split()) + 0.5 * len(answers_1[0].split())]
 
     # reward_func without it: batch_items must not be passed
     def reward_plain(self, *answers):
@@ -212,7 +212,7 @@ def test_agent_model_path_single_turn(trainer_class, config_class, mode, model_a
         assert kwargs["batch_items"] is not None and len(kwargs["batch_items"]) == 1
         assert dict(kwargs["batch_items"][0]) in TRAIN
     assert [dict(kw["batch_items"][0]) for _, kw in rec.reward_calls[:: args.num_generations]] == TRAIN
-    # element [0] is the reward, then reward_processor; the trainer saw the processed values
+    # the one shared value is the reward, then reward_processor; the trainer saw the processed values
     raw = [len(a0[0].split()) + 0.5 * len(a1[0].split()) for (a0, a1), _ in rec.reward_calls]
     assert [value for value, _ in rec.processed] == pytest.approx(raw)
     logged = dict(trainer.logger.history)[0]

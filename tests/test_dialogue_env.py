@@ -650,7 +650,7 @@ def test_function_task_reward_conventions():
 
     def reward_func(first, second):  # no batch_items parameter: it must not be passed
         calls.append((first, second))
-        return [len(first[0]) + 2 * len(second[0]), 99.0]
+        return [len(first[0]) + 2 * len(second[0])]
 
     task = FunctionTask(reward_func, lambda item: item["prompt"], dataset=ROWS, reward_processor=lambda r: r / 2)
     env = DialogueEnv(task)
@@ -659,7 +659,7 @@ def test_function_task_reward_conventions():
     assert obs == {"agent_0": "Write a limerick", "agent_1": "Write a limerick"}
     _, rewards, terms, _, _ = env.step({"agent_0": "abc", "agent_1": "de"})
     assert calls == [(["abc"], ["de"])]  # positionally, one single-element list per agent
-    assert rewards == {"agent_0": 3.5, "agent_1": 3.5}  # element [0], then reward_processor
+    assert rewards == {"agent_0": 3.5, "agent_1": 3.5}  # the one shared value, then reward_processor
     assert all(terms.values())
 
 

@@ -4,7 +4,8 @@
 Agents                 ``task.agents`` (all act at every turn)
 Observation space      :class:`~llm_marl.envs.spaces.Utterance` (any Unicode string)
 Action space           :class:`~llm_marl.envs.spaces.Utterance` (any Unicode string)
-Rewards                one shared float per turn, equal for every agent
+Rewards                one shared float per turn, equal for every agent; per agent where the
+                       task's reward gives a dict agent → float whose values differ
 Episode                ``task.num_turns`` turns, or fewer when ``task.is_done`` says so
                        (a task with ``num_turns = None`` has no horizon of its own: only
                        ``is_done`` ends it; learners play their config's ``num_turns``)
@@ -51,7 +52,7 @@ from gymnasium.utils import seeding
 from pettingzoo import ParallelEnv
 
 from llm_marl.envs.spaces import Utterance
-from llm_marl.tasks.base import CooperativeTask, TaskError, Turn, check_reward
+from llm_marl.tasks.base import CooperativeTask, TaskError, Turn, check_agent_rewards
 
 
 class Branch(NamedTuple):
@@ -165,7 +166,10 @@ class DialogueEnv(ParallelEnv):
             for agent in self.possible_agents:
                 lines.append(f"[{agent}] sees: {turn.observations[agent]}")
                 lines.append(f"[{agent}] says: {turn.actions[agent]}")
-            lines.append(f"reward: {turn.reward:g}")
+            if turn.rewards:
+                lines.append("rewards: " + ", ".join(f"{a} {v:g}" for a, v in turn.rewards.items()))
+            else:
+                lines.append(f"reward: {turn.reward:g}")
         if self.agents:
             lines.append(f"--- turn {self.turn} (to play) ---")
             lines.extend(f"[{a}] sees: {self._observations[a]}" for a in self.agents)
@@ -242,7 +246,7 @@ class DialogueEnv(ParallelEnv):
                     f"{self._action_spaces[agent].max_length}"
                 )
 
-    def _score(self, joint_actions: Sequence[Mapping[str, str]]) -> list[tuple[float, dict[str, Any]]]:
+    def _score(self, joint_actions: Sequence[Mapping[str, str]]) -> list[tuple[float | dict[str, float], dict[str, Any]]]:
         where = self._where()
         frozen = [dict(actions) for actions in joint_actions]
         try:
@@ -254,7 +258,7 @@ class DialogueEnv(ParallelEnv):
         checked = []
         for j, value in enumerate(values):
             try:
-                checked.append(check_reward(value, where if len(frozen) == 1 else f"{where}, joint answer {j}"))
+                checked.append(check_agent_rewards(value, where if len(frozen) == 1 else f"{where}, joint answer {j}", self.possible_agents))
             except (TypeError, ValueError) as exc:
                 raise TaskError(str(exc)) from None
         return checked
@@ -283,7 +287,9 @@ class DialogueEnv(ParallelEnv):
         played, agents = self.turn, list(self.agents)
         results = []
         for actions, (value, details) in zip(joint_actions, self._score(joint_actions)):
-            turn = Turn(self._observations, {a: actions[a] for a in agents}, value, details)
+            per_agent = dict(value) if isinstance(value, dict) else {}
+            shared = sum(per_agent.values()) / len(per_agent) if per_agent else value
+            turn = Turn(self._observations, {a: actions[a] for a in agents}, shared, details, per_agent)
             history = self.history + (turn,)
             done = self.task.num_turns is not None and len(history) >= self.task.num_turns
             if not done:
@@ -295,7 +301,7 @@ class DialogueEnv(ParallelEnv):
             results.append(
                 ScoredStep(
                     dict(turn.actions),
-                    {a: value for a in agents},
+                    {a: per_agent[a] if per_agent else value for a in agents},
                     {a: done for a in agents},
                     {a: False for a in agents},
                     infos,

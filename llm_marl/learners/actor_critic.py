@@ -364,7 +364,8 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
                 name, out = self.critic_of(agent)
                 v_old = float(values[name][n, out])
                 k = len(node.completions[agent])
-                rewards = acm.shaped_rewards([node.rewards[j] for j in range(k)], kl[agent][n], args.reference_kl_coef)
+                own = node.rewards_of(agent)  # the agent's own reward where the env gave agents different ones
+                rewards = acm.shaped_rewards([own[j] for j in range(k)], kl[agent][n], args.reference_kl_coef)
                 acm.check_finite(rewards, f"agent {agent!r}, item {node.index}, turn {node.turn}: shaped rewards")
                 targets = []
                 for j in range(k):

@@ -26,6 +26,9 @@ class IACConfig(MAGRPOConfig):
     """Configuration of :class:`~llm_marl.learners.actor_critic.IACTrainer` (a critic per agent)."""
 
     min_generations: ClassVar[int] = 1
+    per_agent_rewards: ClassVar[bool] = True
+    """Agents' rewards may differ (a per-agent dict from the env): each agent's critic output is
+    trained on its own reward. The MAGRPO family's configs lack this and refuse them."""
 
     # --- the anchor's defaults for shared fields ---
     num_train_epochs: int = 40

@@ -368,7 +368,8 @@ class MAGRPOTrainer:
         roots: list[RolloutNode] = []
         for start in range(0, count, args.eval_batch_size):
             indices = list(range(start, min(start + args.eval_batch_size, count)))
-            roots += grow_trees(env, self.policies, indices, num_samples=1, num_turns=args.num_turns, skip_errors=skip)
+            roots += grow_trees(env, self.policies, indices, num_samples=1, num_turns=args.num_turns, skip_errors=skip,
+                                per_agent_rewards=bool(getattr(args, "per_agent_rewards", False)), learner=type(self).__name__)
         failed = [root for root in roots if root.error is not None]
         for root in failed:
             print(f"[llm_marl] skipped eval item {root.index}: {root.error}")

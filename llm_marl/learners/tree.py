@@ -54,7 +54,10 @@ class RolloutNode:
     ``joint[j]`` is joint action j as a tuple of answer indices, one per agent in agent order;
     ``rewards[j]``, ``returns[j]``, ``details[j]`` and ``children[j]`` belong to it (a child is
     None where the branch was not expanded). ``index`` is the dataset item of the tree.
-    ``error`` is set on a root whose item failed and was skipped.
+    ``error`` is set on a root whose item failed and was skipped. ``agent_rewards`` is None
+    when every agent got the same reward; where the env gave agents different rewards (only
+    grown for learners that accept them) it maps agent → one reward per joint action, and
+    ``rewards[j]`` (hence ``returns``) is the agents' mean.
     """
 
     turn: int
@@ -69,10 +72,16 @@ class RolloutNode:
     cross_aggregation: str = "sum"
     error: str | None = None
     seed: int | None = None
+    agent_rewards: dict[str, list[float]] | None = None
 
     @property
     def agents(self) -> list[str]:
         return list(self.completions)
+
+    def rewards_of(self, agent: str) -> list[float]:
+        """``agent``'s reward per joint action: ``agent_rewards[agent]`` where agents' rewards
+        differ at this node, else ``rewards``."""
+        return list(self.agent_rewards[agent]) if self.agent_rewards is not None else list(self.rewards)
 
     def agent_returns(self, agent: str) -> list[float]:
         """K per-answer returns of ``agent`` (docs/algorithms.md §3.7)."""
@@ -227,14 +236,32 @@ class _Stepper:
         return twin, observations
 
 
-def shared_reward(rewards: Mapping[str, float], agents: Sequence[str], where: str) -> float:
+def shared_reward(rewards: Mapping[str, float], agents: Sequence[str], where: str, learner: str | None = None) -> float:
     values = [float(rewards[a]) for a in agents]
     bad = [(a, v) for a, v in zip(agents, values) if not math.isfinite(v)]
     if bad:  # checked first: NaN != NaN would otherwise be reported as "different rewards"
         raise ValueError(f"{where}: reward of agent {bad[0][0]!r} is {bad[0][1]}, not a finite number")
     if any(v != values[0] for v in values):
-        raise ValueError(f"{where}: agents got different rewards {dict(rewards)}; the learners need one shared reward")
+        who = f"{learner} uses" if learner else "the learners use"
+        raise ValueError(
+            f"{where}: agents got different rewards {dict(rewards)}; {who} one shared reward per joint action "
+            "(the MAGRPO family: MAGRPO, MAREINFORCE, MARLOO, MAReMax). Per-agent rewards train IAC or MAAC; "
+            "otherwise give every agent the same reward"
+        )
     return values[0]
+
+
+def _agent_rewards(results: Sequence[Mapping[str, float]], agents: Sequence[str], where: str) -> tuple[list[float], dict[str, list[float]] | None]:
+    """Per joint action: the agents' mean reward, and (where any joint action's rewards differ)
+    every agent's reward; non-finite rewards raise naming the agent."""
+    for rewards in results:
+        for a in agents:
+            if not math.isfinite(float(rewards[a])):
+                raise ValueError(f"{where}: reward of agent {a!r} is {float(rewards[a])}, not a finite number")
+    per_agent = {a: [float(rewards[a]) for rewards in results] for a in agents}
+    if all(per_agent[a] == per_agent[agents[0]] for a in agents):
+        return per_agent[agents[0]], None
+    return [sum(per_agent[a][j] for a in agents) / len(agents) for j in range(len(results))], per_agent
 
 
 @dataclass
@@ -257,8 +284,13 @@ def grow_trees(
     discount: float = 1.0,
     skip_errors: bool = False,
     seed: int | None = None,
+    per_agent_rewards: bool = False,
+    learner: str | None = None,
 ) -> list[RolloutNode]:
     """Grow one tree per dataset index; see :func:`collect_trees` for the config-driven form.
+
+    Agents' rewards that differ raise ``ValueError`` (naming ``learner``) unless
+    ``per_agent_rewards``; then they are kept in ``RolloutNode.agent_rewards``.
 
     With ``skip_errors`` a :class:`TaskError` while stepping an item marks that item's root with
     ``error`` and drops its tree; otherwise it is raised with the item and turn in the message.
@@ -314,7 +346,10 @@ def grow_trees(
                     raise
                 root.error = str(exc)
                 continue
-            node.rewards = [shared_reward(rewards, agents, where) for rewards, *_ in stepper.results]
+            if per_agent_rewards:
+                node.rewards, node.agent_rewards = _agent_rewards([rewards for rewards, *_ in stepper.results], agents, where)
+            else:
+                node.rewards = [shared_reward(rewards, agents, where, learner) for rewards, *_ in stepper.results]
             node.details = [_details(infos, agents) for *_, infos in stepper.results]
             node.children = [None] * len(combos)
             stop = should_stop(node.rewards, early_termination_threshold)
@@ -349,7 +384,8 @@ def collect_trees(
 
     Uses ``args.num_generations`` (K), ``num_turns``, ``joint_mode``, ``cross_aggregation``,
     ``early_termination_threshold``, ``discount`` and ``reward_error_policy``; ``seed`` keys the
-    per-node random streams (see the module docstring).
+    per-node random streams (see the module docstring). A config class with
+    ``per_agent_rewards = True`` (the actor-critic configs) accepts agents' rewards that differ.
     """
     return grow_trees(
         env,
@@ -363,6 +399,8 @@ def collect_trees(
         discount=args.discount,
         skip_errors=getattr(args, "reward_error_policy", "raise") == "skip",
         seed=seed,
+        per_agent_rewards=bool(getattr(args, "per_agent_rewards", False)),
+        learner=type(args).__name__.removesuffix("Config") + "Trainer",
     )
 
 

@@ -47,19 +47,23 @@ class Turn:
     """One finished turn: what every agent saw and said, and the shared reward it earned.
 
     ``observations`` and ``actions`` map agent → text; ``details`` holds whatever the task's
-    reward returned besides the number (e.g. per-level scores, test results). All three are
+    reward returned besides the number (e.g. per-level scores, test results). All are
     read-only mappings, so a history (a tuple of turns) can be shared by forked environments.
+    ``rewards`` is empty for a shared reward; where the task gave agents different rewards it
+    maps agent → reward, and ``reward`` is their mean.
     """
 
     observations: Mapping[str, str]
     actions: Mapping[str, str]
     reward: float
     details: Mapping[str, Any] = field(default_factory=dict)
+    rewards: Mapping[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "observations", _frozen(self.observations))
         object.__setattr__(self, "actions", _frozen(self.actions))
         object.__setattr__(self, "details", _frozen(self.details))
+        object.__setattr__(self, "rewards", _frozen(self.rewards))
 
 
 History = Sequence[Turn]
@@ -94,7 +98,9 @@ class CooperativeTask:
         """The shared reward of the joint answer ``actions``.
 
         ``history`` holds the turns before this one. Return a float, or ``(float, details)``
-        where ``details`` is kept in the history and in the environment's infos.
+        where ``details`` is kept in the history and in the environment's infos. A dict
+        agent → float (every agent) in place of the float gives each agent its own reward; only
+        learners with per-agent critics (IAC, MAAC) accept rewards that differ.
         """
         raise NotImplementedError
 
@@ -146,3 +152,22 @@ def check_reward(value: Any, where: str) -> tuple[float, dict[str, Any]]:
     if not math.isfinite(value):
         raise ValueError(f"{where}: reward is {value}, not a finite number")
     return value, details
+
+
+def check_agent_rewards(value: Any, where: str, agents: Sequence[str]) -> tuple[float | dict[str, float], dict[str, Any]]:
+    """Like :func:`check_reward`, also accepting a dict agent → number (every agent in ``agents``,
+    no other) in place of the number: ``(dict, details)`` when the agents' values differ, else
+    ``(shared float, details)``."""
+    rewards = value[0] if isinstance(value, tuple) and len(value) == 2 else value
+    if not isinstance(rewards, Mapping):
+        return check_reward(value, where)
+    details = dict(value[1]) if rewards is not value else {}
+    if rewards is not value and not isinstance(value[1], Mapping):
+        raise TypeError(f"{where}: reward must be a number or (number, dict), got {value!r}")
+    if set(rewards) != set(agents):
+        raise TypeError(f"{where}: per-agent rewards must name every agent {list(agents)} and no other, got {sorted(map(str, rewards))}")
+    checked = {agent: check_reward(rewards[agent], f"{where}, agent {agent!r}")[0] for agent in agents}
+    values = list(checked.values())
+    if all(v == values[0] for v in values):
+        return values[0], details
+    return checked, details

@@ -15,8 +15,15 @@ agent and an external transition. ``FunctionTask`` turns those into a
   added when it names ``batch_items`` or takes ``**kwargs``, and ``prompts=`` when it names
   ``prompts`` (or takes ``**kwargs``) and did not get them positionally. ``prompts`` is a
   one-element list: agent 0's prompt at this turn. A reward function without an inspectable
-  signature gets ``f(answers_0, answers_1, ...)``. It returns a list of floats (or one float);
-  element 0 is the reward. ``reward_processor`` (float -> float) is applied to it.
+  signature gets ``f(answers_0, answers_1, ...)``. It returns one float, a list of one float
+  (the shared reward), a list of N floats (agent i's reward at position i) or a dict mapping
+  agent index or name to its reward; ``reward_processor`` (float -> float) is applied to each
+  value. Any other length raises: no value is dropped. CoMLRL's actor-critic trainers read a
+  list of length G (``num_generations``) per generation, checked before N, so with N == G
+  per-agent rewards cannot be expressed there (its Q6). Here the function is called once per
+  joint answer, with ONE answer per agent, so a per-generation list has length 1 and a list of
+  N values is always per agent. Values that differ reach the learners as per-agent rewards
+  (IAC and MAAC train on them; the MAGRPO family, which needs one shared reward, raises).
 - ``formatters[i](item)`` gives agent i's first prompt. At later turns, unless
   ``external_prompt_passthrough`` is True, the item's ``"prompt"`` is replaced by the
   transition's text and the formatter is called as ``formatter(item, external_prompts=text)``
@@ -174,19 +181,40 @@ class FunctionTask(CooperativeTask):
         if call.prompts_keyword:
             kwargs["prompts"] = prompts
         result = self.reward_func(*args, **kwargs)
-        if isinstance(result, (int, float)) and not isinstance(result, bool):
-            value = result
+        values = self._reward_values(result)
+        if self.reward_processor is not None:
+            values = [self.reward_processor(v) for v in values]
+        if len(values) == 1 or all(v == values[0] for v in values):
+            return values[0]
+        return dict(zip(self.agents, values))
+
+    def _reward_values(self, result: Any) -> list[Any]:
+        """``reward_func``'s result as one value (shared) or N values (agent order)."""
+        n = len(self.agents)
+        if isinstance(result, Mapping):
+            keys = {k: self.agents[k] if isinstance(k, int) and not isinstance(k, bool) and 0 <= k < n else k for k in result}
+            if len(keys) != n or set(keys.values()) != set(self.agents):
+                raise TypeError(
+                    f"reward_func must return a non-empty list of floats (or a dict agent -> float); its dict has keys "
+                    f"{list(result)}, not one per agent (0..{n - 1} or {list(self.agents)})"
+                )
+            by_agent = {keys[k]: v for k, v in result.items()}
+            values = [by_agent[agent] for agent in self.agents]
+        elif isinstance(result, (int, float)) and not isinstance(result, bool):
+            values = [result]
+        elif isinstance(result, Sequence) and not isinstance(result, str) and len(result) in (1, n):
+            values = list(result)
         elif isinstance(result, Sequence) and not isinstance(result, str) and len(result) > 0:
-            value = result[0]
+            raise TypeError(
+                f"reward_func returned {len(result)} values for one joint answer of {n} agents: expected 1 "
+                f"(shared) or {n} (one per agent, in agent order), got {result!r}"
+            )
         else:
             raise TypeError(f"reward_func must return a non-empty list of floats, got {result!r}")
-        if isinstance(value, bool) or not isinstance(value, numbers.Real):
-            raise TypeError(
-                f"reward_func must return a list of floats; its element [0] is {type(value).__name__} {value!r}"
-            )
-        if self.reward_processor is not None:
-            value = self.reward_processor(value)
-        return value
+        for i, value in enumerate(values):
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise TypeError(f"reward_func must return a list of floats; its element [{i}] is {type(value).__name__} {value!r}")
+        return values
 
     def _current_prompt(self, item: Mapping[str, Any], history: Sequence[Any]) -> str:
         """Agent 0's prompt at the turn after ``history``: its formatter's at turn 0, else what
