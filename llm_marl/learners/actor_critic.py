@@ -60,10 +60,12 @@ __all__ = ["ACSample", "ActorCriticTrainerBase", "IACConfig", "IACTrainer", "MAA
 class ACSample(Sample):
     """A :class:`Sample` with what the critic needs: per answer k the shaped reward, the
     rollout-time baseline V_old(h) (and Q_old(h, a_k) for a q critic), the TD target and the
-    critic's inputs. ``advantages`` are raw until the update whitens them."""
+    critic's inputs. ``advantages`` are raw until the update whitens them. ``returns`` are the
+    logged returns Σ_{t'≥t} r̃_{t'} of the agent: undiscounted and shaped, used by no loss
+    (:func:`~llm_marl.learners.actor_critic_math.logged_returns`)."""
 
     rewards: list[float] = field(default_factory=list)
-    """r̃_k = R_k − β·KL_k."""
+    """r̃_k = R_k − β·KL_k (R_k: this agent's own reward)."""
     values: list[float] = field(default_factory=list)
     """V_old(h) per answer (the same for every answer of the node)."""
     action_values: list[float] = field(default_factory=list)
@@ -82,7 +84,8 @@ class RolloutSample:
     from the anchor keywords (``agent_model=``, ``reward_func=``, ...) call ``metrics_callback``
     with a list of these, so that callbacks written for CoMLRL read the same attributes; the
     env-native constructor passes :class:`ACSample` groups. ``reward`` is the shaped reward r̃,
-    ``returns`` the answer's return, ``advantage`` the raw y − V (whitened only at the update);
+    ``returns`` the answer's logged return (undiscounted, shaped: Σ_{t'≥t} r̃_{t'}),
+    ``advantage`` the raw y − V (whitened only at the update);
     the token-level fields CoMLRL filled from its own tokenization (``full_input_ids``,
     ``attention_mask``, ``prompt_len``, ``old_logprob``) are None here."""
 
@@ -387,7 +390,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
                         agent,
                         node.observations[agent],
                         list(node.completions[agent]),
-                        node.agent_returns(agent),
+                        [],  # the logged returns, filled in below from the children's
                         raw,
                         node.index,
                         node.turn,
@@ -400,6 +403,13 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
                         critic_actions=actions,
                     )
                 )
+        width = len(self.agents)
+        for n in reversed(range(len(nodes))):  # children before their parents
+            for i, sample in enumerate(samples[n * width : (n + 1) * width]):
+                children = nodes[n].children
+                after = [samples[row[id(children[j])] * width + i].returns if j < len(children) and children[j] is not None else None
+                         for j in range(len(sample.rewards))]
+                sample.returns = acm.logged_returns(sample.rewards, after)
         for sample in samples:
             self._note(f"train/{sample.agent}/value_mean", float(np.mean(sample.values)))
             self._note(f"train/{sample.agent}/target_mean", float(np.mean(sample.targets)))
@@ -456,6 +466,23 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
         for key, value in dict(result or {}).items():
             if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
                 self._note(f"train/{key}", float(value))
+
+    def _buffer_and_update(
+        self, batch_step: int, roots: list[RolloutNode], samples: list[Sample], elapsed: float, rest: list[Sample]
+    ) -> None:
+        super()._buffer_and_update(batch_step, roots, samples, elapsed, rest)
+        self._note_logged_returns(samples)
+
+    def _note_logged_returns(self, samples: list[Sample]) -> None:
+        """``train/turn_k/expected_return``: the mean logged return (undiscounted, shaped) of every
+        agent's answers at turn k, in place of the tree's (unshaped) value just noted for this batch."""
+        by_turn: dict[int, list[float]] = {}
+        for sample in samples:
+            by_turn.setdefault(sample.turn, []).extend(sample.returns)
+        for turn, returns in by_turn.items():
+            pending = self._pending.get(f"train/turn_{turn + 1}/expected_return")
+            if pending:
+                pending[-1] = float(np.mean(returns))
 
     # --- update -------------------------------------------------------------------------------
 

@@ -29,6 +29,9 @@ class IACConfig(MAGRPOConfig):
     per_agent_rewards: ClassVar[bool] = True
     """Agents' rewards may differ (a per-agent dict from the env): each agent's critic output is
     trained on its own reward. The MAGRPO family's configs lack this and refuse them."""
+    discounted_tree_returns: ClassVar[bool] = False
+    """The rollout trees' returns are undiscounted (they are only logged; the TD targets use
+    ``discount``), as are the logged returns (docs/actor_critic.md §5)."""
 
     # --- the anchor's defaults for shared fields ---
     num_train_epochs: int = 40

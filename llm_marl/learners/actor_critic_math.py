@@ -43,6 +43,15 @@ def td_targets(rewards: Sequence[float], values: Sequence[float], discount: floa
     return [td_target(r, values[t + 1] if t < last else None, discount) for t, r in enumerate(rewards)]
 
 
+def logged_returns(rewards: Sequence[float], child_returns: Sequence[Sequence[float] | None]) -> list[float]:
+    """The logged returns of one node's answers: r̃_k + mean of the child's returns of answer k
+    (the same agent's), or r̃_k where answer k has no child — undiscounted and shaped, so on a
+    chain (G = 1) return_t = Σ_{t'≥t} r̃_{t'} (docs/actor_critic.md §5). No loss uses them."""
+    if len(child_returns) != len(rewards):
+        raise ValueError(f"{len(rewards)} rewards but {len(child_returns)} children")
+    return [float(r) + (sum(after) / len(after) if after else 0.0) for r, after in zip(rewards, child_returns)]
+
+
 def advantages(targets: Sequence[float], baselines: Sequence[float]) -> list[float]:
     """A = y − b, where b is V_old(h) (critic_type "v") — never an action value (docs/actor_critic.md §3; README, Q7)."""
     if len(targets) != len(baselines):

@@ -385,7 +385,8 @@ def collect_trees(
     Uses ``args.num_generations`` (K), ``num_turns``, ``joint_mode``, ``cross_aggregation``,
     ``early_termination_threshold``, ``discount`` and ``reward_error_policy``; ``seed`` keys the
     per-node random streams (see the module docstring). A config class with
-    ``per_agent_rewards = True`` (the actor-critic configs) accepts agents' rewards that differ.
+    ``per_agent_rewards = True`` (the actor-critic configs) accepts agents' rewards that differ;
+    one with ``discounted_tree_returns = False`` (the same) gets undiscounted node returns.
     """
     return grow_trees(
         env,
@@ -396,7 +397,7 @@ def collect_trees(
         joint_mode=args.joint_mode,
         cross_aggregation=args.cross_aggregation,
         early_termination_threshold=args.early_termination_threshold,
-        discount=args.discount,
+        discount=args.discount if getattr(args, "discounted_tree_returns", True) else 1.0,
         skip_errors=getattr(args, "reward_error_policy", "raise") == "skip",
         seed=seed,
         per_agent_rewards=bool(getattr(args, "per_agent_rewards", False)),
