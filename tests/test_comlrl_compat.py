@@ -335,7 +335,7 @@ def test_no_output_dir_gets_a_named_default_run_directory(tiny, tmp_path, capsys
     assert f"no output_dir given: this run is recorded in {directory}" in out
     trainer.train()
     assert {"logs", "metrics.jsonl"} <= set(os.listdir(directory))
-    assert any(name.startswith("checkpoint-") for name in os.listdir(directory))
+    assert not any(name.startswith("checkpoint-") for name in os.listdir(directory))  # weights only when asked (issue 24)
     # named after the algorithm (or the W&B run's name)
     other = comlrl_reinforce.MARLOOTrainer(agent_model=tiny, reward_func=lambda a, b: [1.0], train_dataset=ROWS[:1],
                                            args=args(config=MARLOOConfig))

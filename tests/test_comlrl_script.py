@@ -6,8 +6,9 @@ transition, an eval logger and aggregator of the 1.4.2 form, ``wandb_config``, o
 ``agent_devices``, ``dataset_type=``, no ``output_dir``). The test copies it, runs the sed line
 taken verbatim from the README, checks that only import lines changed, then runs the script on
 tiny local models with ``WANDB_MODE=offline`` and reads back what the run left: the default run
-directory (TensorBoard logs, metrics.jsonl, checkpoint), the W&B offline run (the same metrics
-at the same steps, and the run settings from ``wandb_config``) and the saved models.
+directory (TensorBoard logs, metrics.jsonl; no weights: only save_model writes them), the W&B
+offline run (the same metrics at the same steps, and the run settings from ``wandb_config``) and
+the saved models.
 """
 
 from __future__ import annotations
@@ -104,7 +105,7 @@ def metrics_jsonl(migrated_run) -> list[dict]:
     return [json.loads(line) for line in lines]
 
 
-def test_the_default_run_directory_holds_tensorboard_logs_metrics_and_a_checkpoint(migrated_run):
+def test_the_default_run_directory_holds_tensorboard_logs_and_metrics_but_no_unasked_weights(migrated_run):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     directory = run_dir(migrated_run)
@@ -133,8 +134,8 @@ def test_the_default_run_directory_holds_tensorboard_logs_metrics_and_a_checkpoi
     assert logged.keys() == jsonl.keys()
     assert all(logged[s] == pytest.approx(jsonl[s], rel=1e-6) for s in jsonl)
 
-    [checkpoint] = [p for p in directory.iterdir() if p.name.startswith("checkpoint-")]
-    assert (checkpoint / "agent_0").is_dir() or any(checkpoint.iterdir())
+    # CoMLRL writes weights only when the script asks (this one calls save_model: see the saved-models test)
+    assert not [p for p in directory.rglob("*") if p.name.startswith("checkpoint-") or p.suffix in (".pt", ".safetensors", ".bin")]
 
 
 def test_the_wandb_offline_run_has_the_same_metrics_and_the_configured_settings(migrated_run):

@@ -24,8 +24,13 @@ Choices where the anchor library is silent or differs:
 - ``args.output_dir`` None (CoMLRL's config has no such field): the run still leaves a record,
   in a default run directory ``runs/<wandb name or algorithm>-<time>``
   (:func:`~llm_marl.learners.run_dir.default_run_dir`), printed when the trainer is built:
-  TensorBoard logs, ``metrics.jsonl``, checkpoints (the W&B files too, unless
+  TensorBoard logs, ``metrics.jsonl``, rollouts (the W&B files too, unless
   ``wandb_config["dir"]`` says otherwise).
+- Model weights and optimizer states are written only when the script asks, as in CoMLRL:
+  ``save_model(dir)``, or checkpoints with ``args.save_steps`` > 0 (then also one when training
+  ends or a signal stops it). ``args.save_final_checkpoint`` None is resolved here to
+  ``save_steps > 0``, whether or not ``output_dir`` is given; set it True for the env-native
+  default (a resumable checkpoint at the end and on SIGINT/SIGTERM), False for none.
 - The optimizer: each agent's AdamW with ``args.weight_decay``; the configs of
   :mod:`llm_marl.comlrl` default it to torch's 0.01, which is what CoMLRL's
   ``torch.optim.AdamW(params, lr=agent_learning_rate)`` uses.
@@ -150,13 +155,16 @@ def build_from_anchor_kwargs(
     eval_env = DialogueEnv(task, split="eval") if eval_dataset is not None and len(eval_dataset) else None
     env = DialogueEnv(task, split="train") if train_dataset is not None else (eval_env or DialogueEnv(task, split="eval"))
     cannot_train = None if train_dataset is not None else "train_dataset is required to train: pass train_dataset= to the trainer"
+    if args.save_final_checkpoint is None:  # CoMLRL writes weights only when asked: save_model or save_steps
+        args = dataclasses.replace(args, save_final_checkpoint=args.save_steps > 0)
     if args.output_dir is None:
         name = (wandb_config or {}).get("name") or (wandb_config or {}).get("run_name") or algorithm
         args = dataclasses.replace(args, output_dir=default_run_dir(name))
         if os.environ.get("RANK", "0") == "0":
+            saved = "checkpoints" if args.save_steps or args.save_final_checkpoint else "no weights unless save_model() or save_steps"
             print(
                 f"[llm_marl] no output_dir given: this run is recorded in {args.output_dir} "
-                f"(TensorBoard logs, metrics.jsonl, checkpoints; tensorboard --logdir {args.output_dir}/logs)",
+                f"(TensorBoard logs, metrics.jsonl, {saved}; tensorboard --logdir {args.output_dir}/logs)",
                 flush=True,
             )
     run_config = {
@@ -378,7 +386,9 @@ class CoMLRLTrain:
 
         ``checkpoint_total_limit`` sets ``save_total_limit``. CoMLRL's epoch-based
         ``checkpoint_dir`` / ``checkpoint_interval`` have no counterpart: checkpoints go to
-        ``output_dir`` every ``save_steps`` optimizer steps, and passing either raises ValueError.
+        ``output_dir`` every ``save_steps`` optimizer steps, and passing either raises ValueError
+        — except ``checkpoint_dir`` equal to ``output_dir``, which asks for checkpoints: training
+        then also ends with one (``save_final_checkpoint``).
         """
         if checkpoint_dir is not None and os.path.abspath(checkpoint_dir) != os.path.abspath(str(self.args.output_dir)):
             raise ValueError(
@@ -390,6 +400,8 @@ class CoMLRLTrain:
                 f"checkpoint_interval={checkpoint_interval!r} (epochs) is not supported: set the config's "
                 "save_steps (a checkpoint every that many optimizer steps)"
             )
+        if checkpoint_dir is not None and not self.args.save_final_checkpoint:
+            self.args.save_final_checkpoint = True  # the script asked for checkpoints
         if checkpoint_total_limit is not None:
             self.args.save_total_limit = checkpoint_total_limit
             self.args.validate()

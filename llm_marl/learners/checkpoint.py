@@ -21,6 +21,11 @@ another run's checkpoints are never deleted, and one in the way of a new checkpo
 name is moved aside to ``checkpoint-N.replaced-<time>`` with a warning (``run_folder.py``) —
 unless it holds the same state (:func:`same_state`: the manifests' hashes agree, e.g. a finished
 run resumed re-saves its last checkpoint), which is replaced without a copy.
+
+When a trainer writes one (``trainer.train``): every ``save_steps`` optimizer steps, and when
+training ends or SIGINT/SIGTERM stops it unless ``save_final_checkpoint`` is False — which the
+drop-in (CoMLRL-keyword) constructor makes it by default without ``save_steps``, as CoMLRL writes
+weights only when asked (``save_model``).
 """
 
 from __future__ import annotations

@@ -103,9 +103,11 @@ class MAGRPOConfig:
     overwrite_output_dir: bool = False
     """A new run in a non-empty output_dir: False refuses; True moves the old contents aside (never deletes)."""
     save_steps: int = 0
-    """Write a checkpoint every this many optimizer steps (at the end of that batch); 0: only at the end."""
+    """Write a checkpoint every this many optimizer steps (at the end of that batch); 0: none but the closing one (save_final_checkpoint)."""
     save_total_limit: int | None = 2
     """Keep at most this many checkpoints (oldest deleted first); None keeps all."""
+    save_final_checkpoint: bool | None = None
+    """Checkpoint output_dir when train() ends or a signal stops it; None: yes, except drop-in runs without save_steps."""
     logprob_reduction: str = "sum"
     """log pi(answer): "sum" over its tokens (docs/algorithms.md §4) or their "mean" (length-normalized)."""
     max_grad_norm: float | None = None

@@ -222,8 +222,10 @@ class MAGRPOTrainer:
         ``resume_from_checkpoint``: a checkpoint folder, or True for the newest one of the run in
         ``output_dir``; training then continues exactly where that checkpoint left off. A new
         run refuses a non-empty ``output_dir`` unless ``overwrite_output_dir`` (run_folder.py).
-        SIGINT/SIGTERM stop after the current batch with a checkpoint and raise
-        :class:`~llm_marl.learners.interrupt.TrainingInterrupted` (interrupt.py).
+        SIGINT/SIGTERM stop after the current batch and raise
+        :class:`~llm_marl.learners.interrupt.TrainingInterrupted` (interrupt.py). A checkpoint is
+        written every ``save_steps`` optimizer steps and, when training ends or a signal stops it,
+        once more where :meth:`_closing_checkpoint` says so (``save_final_checkpoint``).
         """
         from llm_marl.learners import checkpoint
 
@@ -267,7 +269,7 @@ class MAGRPOTrainer:
                 if self.dist.max(int(stop.signum is not None)):
                     self._stop_on_signal(stop.signum or signal.SIGTERM)
             self._flush_metrics(force=True)  # a run ended by max_steps mid-epoch logs its last batches too
-            if args.output_dir is not None and self.dist.is_main:
+            if self._closing_checkpoint() and self.dist.is_main:
                 checkpoint.save(self)
             self.dist.barrier()
         finally:
@@ -318,12 +320,19 @@ class MAGRPOTrainer:
         self.run_id = held["run_id"]
         return path
 
+    def _closing_checkpoint(self) -> bool:
+        """Whether train() writes a checkpoint when it ends or a signal stops it: an output_dir and
+        ``save_final_checkpoint`` not False (the drop-in constructor resolves None to
+        ``save_steps > 0``: CoMLRL writes weights only when asked; anchor_compat.py)."""
+        return self.args.output_dir is not None and self.args.save_final_checkpoint is not False
+
     def _stop_on_signal(self, signum: int) -> None:
-        """Write a checkpoint of the batch just finished and raise TrainingInterrupted."""
+        """Write a checkpoint of the batch just finished (where :meth:`_closing_checkpoint`) and
+        raise TrainingInterrupted."""
         from llm_marl.learners import checkpoint
 
         path = None
-        if self.args.output_dir is not None:
+        if self._closing_checkpoint():
             if self.dist.is_main:
                 path = checkpoint.save(self)
             self.dist.barrier()

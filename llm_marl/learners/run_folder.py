@@ -43,6 +43,7 @@ RESUMABLE_FIELDS = frozenset(
         "max_steps",
         "save_steps",
         "save_total_limit",
+        "save_final_checkpoint",
         "logging_steps",
         "progress_bar",
         "agent_devices",
