@@ -18,6 +18,8 @@ _HOMES = {
         "IACTrainer",
         "MAACConfig",
         "MAACTrainer",
+        "MADPOConfig",
+        "MADPOTrainer",
         "MAGRPOConfig",
         "MAGRPOTrainer",
         "MAREINFORCEConfig",
