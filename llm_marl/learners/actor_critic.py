@@ -9,7 +9,9 @@ four named pieces:
   the critic's rollout-time values, the one-step TD targets y = r̃ + γ·V_old(h') (y = r̃ where the
   episode ended: last turn, early stop or env termination) and the advantages A = y − V_old(h).
 * ``_minibatches``: the buffered samples of an agent are whitened together (one group per agent
-  per update, all turns pooled) and cut, in collection order, into mini-batches.
+  per update, all turns pooled) and cut, in collection order, into mini-batches. Sizes count
+  groups of G answers, or with ``sample_unit="answer"`` (CoMLRL's unit; the anchor keywords'
+  default) single answers, cut turn by turn, the buffers checked once per batch.
 * ``_loss_sum``: the actor loss mean(−ℓ_θ·Â); with ``use_separate_critic=False`` plus the value
   loss c_v·mean e, in ONE step of the actor's optimizer (which then holds the critic's head too).
 * ``_other_backwards``: separate critics take their own AdamW steps on the value loss, one per
@@ -47,7 +49,7 @@ import torch
 from llm_marl.learners import actor_critic_math as acm
 from llm_marl.learners.actor_critic_config import IACConfig, MAACConfig
 from llm_marl.learners.buffer import Sample
-from llm_marl.learners.reinforce import MAGRPOTrainer, default_optimizer
+from llm_marl.learners.reinforce import MAGRPOTrainer, _UnfinishedBatch, default_optimizer
 from llm_marl.learners.tree import RolloutNode, derive_seed, iter_nodes
 from llm_marl.policies.base import Completion
 from llm_marl.policies.critic import Critic, joint_observation
@@ -470,8 +472,35 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
     def _buffer_and_update(
         self, batch_step: int, roots: list[RolloutNode], samples: list[Sample], elapsed: float, rest: list[Sample]
     ) -> None:
-        super()._buffer_and_update(batch_step, roots, samples, elapsed, rest)
+        """As the REINFORCE learners' (an update whenever every buffer is full), except that with
+        ``sample_unit`` "answer" the buffers are checked once the whole batch is appended, as
+        CoMLRL checks after each item (its batch is one item)."""
+        if not self._counts_answers():
+            super()._buffer_and_update(batch_step, roots, samples, elapsed, rest)
+            self._note_logged_returns(samples)
+            return
+        self._appending = True
+        try:
+            super()._buffer_and_update(batch_step, roots, samples, elapsed, rest)
+        finally:
+            self._appending = False
         self._note_logged_returns(samples)
+        if self.dist.max(int(self._buffers_full())):
+            self._update_or_keep(_UnfinishedBatch(batch_step, roots, samples, elapsed, []))
+
+    def _counts_answers(self) -> bool:
+        """Whether rollout_buffer_size and train_batch_size count answers (``sample_unit``; None:
+        answers for a trainer built from the anchor keywords, CoMLRL's unit) rather than groups."""
+        unit = self.args.sample_unit
+        return self._callback_takes_rollouts if unit is None else unit == "answer"
+
+    def _buffers_full(self) -> bool:
+        if not self._counts_answers():
+            return super()._buffers_full()
+        if getattr(self, "_appending", False):
+            return False
+        size = self.args.rollout_buffer_size
+        return all(sum(len(s.completions) for s in self.buffers[a].samples) >= size for a in self.agents)
 
     def _note_logged_returns(self, samples: list[Sample]) -> None:
         """``train/turn_k/expected_return``: the mean logged return (undiscounted, shaped) of every
@@ -495,17 +524,32 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
 
     def _minibatches(self, agent: str, size: int) -> list[list[Sample]]:
         """The buffer's samples with their advantages whitened together (one group per agent and
-        update, all turns pooled), cut into consecutive mini-batches; the buffer keeps the
-        samples until they are trained on."""
-        samples = list(self.buffers[agent].samples)
+        update, all turns pooled), cut into consecutive mini-batches of ``size`` samples; the
+        buffer keeps the samples until they are trained on. With ``sample_unit`` "answer" a sample
+        is one answer: the buffer is re-cut into one-answer samples and each turn's answers
+        (turns ascending, as CoMLRL updates one turn group after another) into mini-batches of
+        ``size`` answers."""
+        raw = list(self.buffers[agent].samples)
+        if self._counts_answers():
+            singles = [_one_answer(s, k) for s in raw for k in range(len(s.completions))]
+            turns = sorted({s.turn for s in singles})
+            raw = [s for t in turns for s in singles if s.turn == t]
+            self.buffers[agent].samples = list(raw)  # the same order as the mini-batches: discard() drops what was trained
+        samples = raw
         if self.args.advantage_normalization:
-            flat = acm.whiten([a for s in samples for a in s.advantages])
+            flat = acm.whiten([a for s in raw for a in s.advantages])
             out, offset = [], 0
-            for s in samples:
+            for s in raw:
                 out.append(dataclasses.replace(s, advantages=flat[offset : offset + len(s.advantages)]))
                 offset += len(s.advantages)
             samples = out
-        return [samples[start : start + size] for start in range(0, len(samples), size)]
+        if not self._counts_answers():
+            return [samples[start : start + size] for start in range(0, len(samples), size)]
+        batches = []
+        for turn in sorted({s.turn for s in samples}):
+            of_turn = [s for s in samples if s.turn == turn]
+            batches += [of_turn[start : start + size] for start in range(0, len(of_turn), size)]
+        return batches
 
     def _loss_sum(self, agent: str, batch: list[Sample]) -> tuple[torch.Tensor, float]:
         loss, log_prob_mean = super()._loss_sum(agent, batch)
@@ -553,6 +597,23 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
             joined = [s for b in parts.values() for s in b]
             results.append((label, optimizer, self._gradient(who, self.critic_params[name], local / max(total, 1), joined)))
         return results
+
+
+def _one_answer(sample: ACSample, k: int) -> ACSample:
+    """Answer ``k`` of ``sample`` as a sample of its own (every per-answer list cut to entry k)."""
+    pick = lambda values: values[k : k + 1] if values else values  # noqa: E731
+    return dataclasses.replace(
+        sample,
+        completions=pick(sample.completions),
+        returns=pick(sample.returns),
+        advantages=pick(sample.advantages),
+        kl=pick(sample.kl),
+        rewards=pick(sample.rewards),
+        values=pick(sample.values),
+        action_values=pick(sample.action_values),
+        targets=pick(sample.targets),
+        critic_actions=pick(sample.critic_actions),
+    )
 
 
 class IACTrainer(ActorCriticTrainerBase):

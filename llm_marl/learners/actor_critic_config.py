@@ -9,6 +9,11 @@ anchor's default is one of its quirks the default is fixed (docs/actor_critic.md
 
 The REINFORCE-only fields ``joint_mode``, ``cross_aggregation`` and ``advantage_mode`` keep their
 defaults: answer g of every agent forms joint action g, and the critic gives the baseline.
+
+Sizes: ``rollout_buffer_size`` and ``train_batch_size`` count samples in ``sample_unit``: groups
+(one agent's G answers to one prompt, the REINFORCE learners' unit) or answers (CoMLRL 1.4.3's:
+the configs of :mod:`llm_marl.comlrl` and trainers built from the anchor keywords use it), so a
+migrated script updates after as many answers as its author set (docs/actor_critic.md §4).
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from typing import ClassVar, Sequence
 from llm_marl.learners.config import MAGRPOConfig
 
 CRITIC_TYPES = ("v", "q")
+SAMPLE_UNITS = (None, "group", "answer")
 
 
 @dataclass
@@ -41,7 +47,9 @@ class IACConfig(MAGRPOConfig):
     num_generations: int = 1
     """G: answers per prompt per agent; answer g of every agent forms joint action g."""
     rollout_buffer_size: int = 8
-    """Samples per agent collected before an update."""
+    """Per agent, samples (in ``sample_unit``) that trigger an update once buffered."""
+    train_batch_size: int | None = None
+    """Samples (in ``sample_unit``) per agent per optimizer step; None means rollout_buffer_size."""
     top_k: int | None = None
     """Top-k sampling (None or 0 disables)."""
     early_termination_threshold: float | None = None
@@ -64,6 +72,8 @@ class IACConfig(MAGRPOConfig):
     """Hidden width of a shared (on-actor) value head; None: one linear layer."""
     critic_devices: Sequence[str] | str | None = None
     """Device of each critic (one string: the same for all); default: its agent's device."""
+    sample_unit: str | None = None
+    """Unit of rollout_buffer_size and train_batch_size: "group" (one agent's G answers to one prompt) or "answer" (CoMLRL's); None: "answer" from the anchor keywords, else "group"."""
 
     def normalize(self) -> None:
         """As :meth:`MAGRPOConfig.normalize`, and one critic_devices string -> one per critic."""
@@ -78,6 +88,8 @@ class IACConfig(MAGRPOConfig):
 
     def validate(self) -> None:
         super().validate()
+        if self.sample_unit not in SAMPLE_UNITS:
+            raise ValueError(f"sample_unit must be None, 'group' or 'answer'; got {self.sample_unit!r}")
         if self.critic_type not in CRITIC_TYPES:
             raise ValueError(f"critic_type must be 'v' or 'q'; got {self.critic_type!r}")
         if self.critic_learning_rate is not None and not self.critic_learning_rate > 0:

@@ -42,6 +42,9 @@ Choices where the anchor library is silent or differs:
   ``(agent_completions_turns=, batch_items=, prompts=)``, or 1.4.0-1.4.2's
   ``(agent_completions_turns=, test_cases=, entry_points=, prompts=)`` when it names
   ``test_cases`` or ``entry_points`` (each item's ``"test"`` and ``"entry_point"``, "" if absent).
+- Actor-critic trainers (IAC, MAAC) built from these keywords count ``rollout_buffer_size`` and
+  ``train_batch_size`` in answers, CoMLRL's unit, unless ``args.sample_unit`` is "group"
+  (docs/actor_critic.md §4); a ``reward_func`` may return one value per agent (§3).
 - ``args.lora_r`` set: ``agent_model`` is loaded once and every agent is a LoRA adapter on it
   (:class:`~llm_marl.policies.LoRATeam`, ``lora_alpha``, ``lora_target_modules``,
   ``gradient_checkpointing``, ``model_dtype``); ``agents=`` (one model per agent) is refused.

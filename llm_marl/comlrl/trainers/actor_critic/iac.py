@@ -11,10 +11,13 @@ from llm_marl.learners.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTr
 
 @dataclass
 class IACConfig(_config.IACConfig):
-    """:class:`llm_marl.learners.actor_critic_config.IACConfig` with CoMLRL's optimizer default."""
+    """:class:`llm_marl.learners.actor_critic_config.IACConfig` with CoMLRL's optimizer default and units
+    (``rollout_buffer_size`` and ``train_batch_size`` count answers)."""
 
     weight_decay: float = ADAMW_DEFAULT_WEIGHT_DECAY
     """AdamW weight decay of actors and critics; CoMLRL's optimizers are torch AdamW with its default (0.01)."""
+    sample_unit: str | None = "answer"
+    """rollout_buffer_size and train_batch_size count answers, as in CoMLRL 1.4.3 ("group": G answers to one prompt)."""
 
     def __post_init__(self) -> None:
         normalize_comlrl_fields(self)
