@@ -68,6 +68,13 @@ def test_a_task_dict_reward_reaches_each_agent_and_the_history():
     assert dict(turn.rewards) == {"a": 1.0, "b": -0.5} and turn.reward == pytest.approx(0.25)  # the mean
 
 
+def test_a_dict_reward_may_come_with_details():
+    env = DialogueEnv(Split(({"a": 1.0, "b": 0.0}, {"why": "a named the colour"})))
+    env.reset(options={"index": 0})
+    _, rewards, _, _, infos = env.step({"a": "x", "b": "y"})
+    assert rewards == {"a": 1.0, "b": 0.0} and infos["b"]["reward_details"] == {"why": "a named the colour"}
+
+
 def test_equal_per_agent_values_are_one_shared_reward():
     env = DialogueEnv(Split({"a": 2.0, "b": 2.0}))
     env.reset(options={"index": 0})

@@ -161,9 +161,9 @@ def check_agent_rewards(value: Any, where: str, agents: Sequence[str]) -> tuple[
     rewards = value[0] if isinstance(value, tuple) and len(value) == 2 else value
     if not isinstance(rewards, Mapping):
         return check_reward(value, where)
-    details = dict(value[1]) if rewards is not value else {}
     if rewards is not value and not isinstance(value[1], Mapping):
         raise TypeError(f"{where}: reward must be a number or (number, dict), got {value!r}")
+    details = dict(value[1]) if rewards is not value else {}
     if set(rewards) != set(agents):
         raise TypeError(f"{where}: per-agent rewards must name every agent {list(agents)} and no other, got {sorted(map(str, rewards))}")
     checked = {agent: check_reward(rewards[agent], f"{where}, agent {agent!r}")[0] for agent in agents}
