@@ -15,6 +15,9 @@ answers, one optimizer step per mini-batch; at the epoch's end whatever is left 
   [3, 1]; after item 4: [3, 1]; end: [2].
 - buffer 3, G = 1, 2 turns, 3 items, train_batch_size None = 3: after item 2 (2 answers per
   turn): turn 0 [2], turn 1 [2]; end (1 per turn): [1], [1].
+
+All three schedules were also observed by running CoMLRL 1.4.3's IACTrainer on the same tiny
+model, recording its ``_ac_step`` calls (not part of the suite: it needs the comlrl package).
 """
 
 from __future__ import annotations
