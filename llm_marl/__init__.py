@@ -16,6 +16,7 @@ _HOMES = {
     "llm_marl.learners": (
         "IACConfig",
         "IACTrainer",
+        "JointRewardModel",
         "MAACConfig",
         "MAACTrainer",
         "MADPOConfig",
@@ -28,6 +29,8 @@ _HOMES = {
         "MARLOOTrainer",
         "MAReMaxConfig",
         "MAReMaxTrainer",
+        "MARLHFConfig",
+        "MARLHFTrainer",
     ),
     "llm_marl.policies": (
         "CausalLMCritic",

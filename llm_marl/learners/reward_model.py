@@ -1,0 +1,393 @@
+"""MARLHF: learn a joint reward model from preference pairs, then train the agents by RL against
+it (docs/preference.md).
+
+Phase 1, once, before the first training batch: every train item is rolled out as in MADPO
+(``preference_num_candidates`` answers per agent, pairs chosen from the env's shared reward),
+and a :class:`JointRewardModel` over the joint answer's text
+(:func:`~llm_marl.policies.critic.joint_observation` with the answers) is fit to the pairs with
+the Bradley–Terry loss −log σ(s(w) − s(l)) for ``reward_num_train_epochs`` epochs.
+
+Phase 2: the REINFORCE loop of the configured ``rl_algorithm`` (MAGRPO, MAREINFORCE, MARLOO,
+MAReMax), with ``num_generations`` answers per agent; every joint action's reward is the reward
+model's score instead of the env's. The env's reward is still what is logged as
+``train/turn_1/reward_mean`` and what evaluation measures; the score is logged as
+``train/reward_model/score_mean``.
+
+The reward model, its optimizer and the phase flag are saved in checkpoints, so a resumed run
+continues phase 2 exactly without refitting.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+import zlib
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from torch import nn
+
+from llm_marl.learners import preference_math as pm
+from llm_marl.learners.buffer import Sample
+from llm_marl.learners.config import _at_least, _one_of, _positive
+from llm_marl.learners.preference import MADPOConfig
+from llm_marl.learners.reinforce import MAGRPOTrainer, _num_items
+from llm_marl.learners.tree import RolloutNode, collect_trees, derive_seed, iter_nodes
+from llm_marl.policies.critic import joint_observation
+
+__all__ = ["HashedNgramBackbone", "JointRewardModel", "MARLHFConfig", "MARLHFTrainer", "joint_answer_text"]
+
+RL_ALGORITHMS = {"magrpo": "mean", "mareinforce": "raw", "marloo": "rloo", "maremax": "max"}
+"""rl_algorithm -> the advantage_mode of its REINFORCE learner."""
+ACTOR_CRITIC_ALGORITHMS = ("iac", "maac")
+
+
+def joint_answer_text(observations: Any, agents: Sequence[str], answers: Sequence[str]) -> str:
+    """The reward model's input: every agent's prompt, then every agent's answer."""
+    return joint_observation(observations, agents, list(answers))
+
+
+class HashedNgramBackbone(nn.Module):
+    """A small text backbone: the mean of learned embeddings of the text's hashed word 1- to
+    ``max_n``-grams (CRC32 into ``buckets``); ``hidden_size`` features per text. For toy tasks
+    and tests; language models are the backbone for real text."""
+
+    def __init__(self, hidden_size: int = 16, buckets: int = 4096, max_n: int = 3, seed: int = 0):
+        super().__init__()
+        self.hidden_size, self.buckets, self.max_n = hidden_size, buckets, max_n
+        generator = torch.Generator().manual_seed(seed)
+        self.embedding = nn.EmbeddingBag(buckets, hidden_size, mode="mean")
+        with torch.no_grad():
+            self.embedding.weight.copy_(torch.randn(buckets, hidden_size, generator=generator))
+
+    def ids(self, text: str) -> list[int]:
+        words = text.lower().split()
+        grams = [" ".join(words[i : i + n]) for n in range(1, self.max_n + 1) for i in range(len(words) - n + 1)]
+        return [zlib.crc32(g.encode("utf-8")) % self.buckets for g in grams] or [0]
+
+    def forward(self, texts: Sequence[str]) -> torch.Tensor:
+        ids = [self.ids(t) for t in texts]
+        flat = torch.tensor([i for row in ids for i in row], dtype=torch.long, device=self.embedding.weight.device)
+        offsets = torch.tensor([0] + [len(r) for r in ids[:-1]], dtype=torch.long, device=flat.device).cumsum(0)
+        return self.embedding(flat, offsets)
+
+
+class JointRewardModel(nn.Module):
+    """A backbone plus a scalar head over the joint answer.
+
+    Args:
+        backbone: a causal LM (with ``config.hidden_size``, ``n_embd`` or ``d_model``; then
+            ``tokenizer`` is required and the head reads the last real token's final hidden
+            state), or a module mapping a list of texts to ``[len(texts), hidden_size]``
+            features (with a ``hidden_size`` attribute), e.g. :class:`HashedNgramBackbone`.
+        freeze_backbone: train only the head.
+        tokenizer: the language-model backbone's tokenizer.
+        max_length: truncate tokenized texts to this many tokens; None: no truncation.
+        seed: initialize the head from this seed (torch's default initialization otherwise,
+            from the global RNG).
+    """
+
+    def __init__(self, backbone: nn.Module, freeze_backbone: bool = False, *, tokenizer: Any = None, max_length: int | None = None,
+                 seed: int | None = None):
+        super().__init__()
+        self.backbone = backbone
+        config = getattr(backbone, "config", None)
+        self.is_language_model = config is not None
+        hidden = getattr(backbone, "hidden_size", None) if config is None else next(
+            (getattr(config, n) for n in ("hidden_size", "n_embd", "d_model") if getattr(config, n, None)), None
+        )
+        if hidden is None:
+            raise ValueError(f"JointRewardModel: cannot tell the hidden size of backbone {type(backbone).__name__} (config.hidden_size / n_embd / d_model, or a hidden_size attribute)")
+        if self.is_language_model and tokenizer is None:
+            raise ValueError("JointRewardModel: a language-model backbone needs its tokenizer=")
+        self.tokenizer, self.max_length = tokenizer, max_length
+        reference = next(backbone.parameters())
+        with torch.random.fork_rng(devices=[]):
+            if seed is not None:
+                torch.manual_seed(seed)
+            self.reward_head = nn.Linear(int(hidden), 1)
+        self.reward_head.to(device=reference.device, dtype=reference.dtype)
+        if freeze_backbone:
+            for p in self.backbone.parameters():
+                p.requires_grad_(False)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Scores of tokenized joint answers (language-model backbone): the head on the final
+        hidden state of each row's last real token (left or right padding)."""
+        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+        hidden = out.hidden_states[-1]
+        positions = torch.arange(attention_mask.size(1), device=hidden.device).expand_as(attention_mask)
+        last = positions.masked_fill(attention_mask == 0, 0).max(dim=1).values
+        pooled = hidden[torch.arange(hidden.size(0), device=hidden.device), last]
+        return self.reward_head(pooled).squeeze(-1)
+
+    def scores(self, texts: Sequence[str]) -> torch.Tensor:
+        """One differentiable scalar score per joint-answer text."""
+        device = self.reward_head.weight.device
+        if not self.is_language_model:
+            return self.reward_head(self.backbone(list(texts)).to(self.reward_head.weight)).squeeze(-1)
+        if getattr(self.tokenizer, "pad_token", None) is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        encoded = self.tokenizer(list(texts), padding=True, truncation=self.max_length is not None, max_length=self.max_length, return_tensors="pt")
+        return self.forward(encoded["input_ids"].to(device), encoded["attention_mask"].to(device))
+
+
+@dataclass
+class MARLHFConfig(MADPOConfig):
+    """Configuration of :class:`MARLHFTrainer`: MADPOConfig's preference fields (phase 1), the
+    reward model's, and the RL phase's (MAGRPOConfig's fields, ``num_generations`` answers)."""
+
+    # --- the RL phase ---
+    rl_algorithm: str = "magrpo"
+    """RL against the reward model: "magrpo", "mareinforce", "marloo" or "maremax" (sets advantage_mode); "iac"/"maac" are not built here yet."""
+    num_generations: int = 4
+    """K: answers per agent per item in the RL phase (>= 2)."""
+
+    # --- the reward model ---
+    reward_model_name: str | None = None
+    """Backbone of the reward model: a causal-LM id or path; None: a copy of the first agent's model, or a HashedNgramBackbone for toy policies."""
+    reward_model_device: str | None = None
+    """Device of the reward model; None: the first agent's device (CPU for toy policies)."""
+    reward_learning_rate: float = 1e-5
+    """AdamW rate of the reward model (> 0)."""
+    reward_num_train_epochs: int = 1
+    """Passes of the Bradley-Terry fit over the preference pairs."""
+    reward_train_batch_size: int = 1
+    """Pairs per reward-model optimizer step."""
+    reward_max_length: int | None = None
+    """Truncate the reward model's tokenized input to this many tokens; None: no truncation."""
+    reward_freeze_backbone: bool = False
+    """Train only the reward model's scalar head."""
+
+    # --- CoMLRL's actor-critic fields (for rl_algorithm "iac"/"maac", not built here yet) ---
+    critic_model_name: str | None = None
+    """Accepted for CoMLRL scripts; unused until rl_algorithm "iac"/"maac" is built."""
+    critic_learning_rate: float | None = None
+    """Accepted for CoMLRL scripts; unused until rl_algorithm "iac"/"maac" is built."""
+    critic_devices: Sequence[str] | str | None = None
+    """Accepted for CoMLRL scripts; unused until rl_algorithm "iac"/"maac" is built."""
+    use_separate_critic: bool = True
+    """Accepted for CoMLRL scripts; unused until rl_algorithm "iac"/"maac" is built."""
+    critic_type: str = "v"
+    """Accepted for CoMLRL scripts; unused until rl_algorithm "iac"/"maac" is built."""
+    value_loss_coef: float = 0.6
+    """Accepted for CoMLRL scripts; unused until rl_algorithm "iac"/"maac" is built."""
+    value_clip_range: float | None = 0.2
+    """Accepted for CoMLRL scripts; unused until rl_algorithm "iac"/"maac" is built."""
+    critic_value_head_hidden_dim: int | None = None
+    """Accepted for CoMLRL scripts; unused until rl_algorithm "iac"/"maac" is built."""
+    value_head_hidden_dim: int | None = None
+    """Accepted for CoMLRL scripts; unused until rl_algorithm "iac"/"maac" is built."""
+
+    def normalize(self) -> None:
+        """As :meth:`MAGRPOConfig.normalize`; "mareforce" -> "mareinforce" (CoMLRL's alias), and
+        advantage_mode follows rl_algorithm."""
+        super().normalize()
+        self.rl_algorithm = str(self.rl_algorithm).strip().lower()
+        if self.rl_algorithm == "mareforce":
+            self.rl_algorithm = "mareinforce"
+        if self.rl_algorithm in RL_ALGORITHMS:
+            self.advantage_mode = RL_ALGORITHMS[self.rl_algorithm]
+
+    def validate(self) -> None:
+        super().validate()
+        if self.rl_algorithm in ACTOR_CRITIC_ALGORITHMS:
+            raise ValueError(f"rl_algorithm={self.rl_algorithm!r} is not built yet; use one of {', '.join(map(repr, RL_ALGORITHMS))}")
+        _one_of(self, "rl_algorithm", tuple(RL_ALGORITHMS))
+        _positive(self, "reward_learning_rate")
+        _at_least(self, "reward_num_train_epochs", 1)
+        _at_least(self, "reward_train_batch_size", 1)
+        if self.reward_max_length is not None:
+            _at_least(self, "reward_max_length", 1)
+
+    def _check_reference_kl(self) -> None:
+        """The RL phase may use the reference KL penalty."""
+
+
+class _Phase:
+    """Whether phase 1 is done (checkpointed as a state dict)."""
+
+    def __init__(self) -> None:
+        self.done, self.pairs = False, 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"done": self.done, "pairs": self.pairs}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.done, self.pairs = bool(state["done"]), int(state["pairs"])
+
+
+class MARLHFTrainer(MAGRPOTrainer):
+    """Multi-agent RLHF with a joint reward model (see the module docstring).
+
+    Env-native: ``MARLHFTrainer(env=..., policies=..., args=MARLHFConfig(...), reward_model=None)``;
+    ``reward_model`` a :class:`JointRewardModel` (default: see ``reward_model_name``).
+    """
+
+    config_class = MARLHFConfig
+
+    def __init__(self, env: Any = None, policies: Any = None, args: MARLHFConfig | None = None, eval_env: Any = None, *,
+                 reward_model: JointRewardModel | None = None, reward_optimizer: torch.optim.Optimizer | None = None, **kwargs: Any):
+        if args is not None and not isinstance(args, self.config_class):
+            raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}")
+        super().__init__(env, policies, args, eval_env, **kwargs)
+        self.reward_model = reward_model if reward_model is not None else self._default_reward_model()
+        device = self.args.reward_model_device
+        if device is not None:
+            self.reward_model.to(device)
+        params = [p for p in self.reward_model.parameters() if p.requires_grad]
+        self.reward_optimizer = reward_optimizer or torch.optim.AdamW(params, lr=self.args.reward_learning_rate, weight_decay=self.args.weight_decay)
+        self.reward_phase = _Phase()
+        self.reward_pairs: list[tuple[str, str]] = []
+        """The (winner, loser) texts the reward model was fit to (this process only; not checkpointed)."""
+
+    def _default_reward_model(self) -> JointRewardModel:
+        args = self.args
+        seed = derive_seed(args.seed, "reward_head")
+        if args.reward_model_name is not None:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+
+            backbone = AutoModelForCausalLM.from_pretrained(args.reward_model_name)
+            tokenizer = AutoTokenizer.from_pretrained(args.reward_model_name)
+            return JointRewardModel(backbone, args.reward_freeze_backbone, tokenizer=tokenizer, max_length=args.reward_max_length, seed=seed)
+        first = self.policies[self.agents[0]]
+        model, tokenizer = getattr(first, "model", None), getattr(first, "tokenizer", None)
+        if model is not None and tokenizer is not None:
+            backbone = copy.deepcopy(getattr(model, "get_base_model", lambda: model)())
+            for p in backbone.parameters():
+                p.requires_grad_(True)
+            return JointRewardModel(backbone, args.reward_freeze_backbone, tokenizer=tokenizer, max_length=args.reward_max_length, seed=seed)
+        return JointRewardModel(HashedNgramBackbone(seed=derive_seed(args.seed, "reward_model")), args.reward_freeze_backbone, seed=seed)
+
+    def checkpoint_extras(self) -> dict[str, Any]:
+        """The reward model, its optimizer and the phase flag."""
+        return {"reward_model": self.reward_model, "reward_optimizer": self.reward_optimizer, "reward_phase": self.reward_phase}
+
+    def save_model(self, output_dir: str) -> None:
+        """Agents as :meth:`MAGRPOTrainer.save_model`; the reward model's state dict to
+        ``reward_model/reward_model.pt``."""
+        import os
+
+        super().save_model(output_dir)
+        target = os.path.join(output_dir, "reward_model")
+        os.makedirs(target, exist_ok=True)
+        torch.save(self.reward_model.state_dict(), os.path.join(target, "reward_model.pt"))
+
+    # --- phase 1: preference pairs -> reward model ---------------------------------------------
+
+    def preference_pairs(self) -> list[tuple[str, str]]:
+        """(winner text, loser text) of every train item, from ``preference_num_candidates``
+        answers per agent scored with the env's reward (as MADPO chooses its pairs)."""
+        args = self.args
+        saved = args.num_generations
+        args.num_generations = args.preference_num_candidates
+        try:
+            texts: list[tuple[str, str]] = []
+            n = _num_items(self.env)
+            for start in range(0, n, args.items_per_step):
+                indices = list(range(start, min(start + args.items_per_step, n)))
+                roots = collect_trees(self.env, self.policies, indices, args, seed=derive_seed(args.seed, "preference_data"))
+                for node in iter_nodes(roots):
+                    rng = random.Random(derive_seed(args.seed, "preference_pairs", node.index))
+                    for w, l in select_pairs(node.rewards, args.pair_selection, args.preference_pairs_per_sample, rng):
+                        texts.append((self._joint_text(node, w), self._joint_text(node, l)))
+        finally:
+            args.num_generations = saved
+        return texts
+
+    def _joint_text(self, node: RolloutNode, j: int) -> str:
+        answers = [node.completions[a][node.joint[j][p]].text for p, a in enumerate(self.agents)]
+        return joint_answer_text(node.observations, self.agents, answers)
+
+    def reward_model_loss(self, pairs: Sequence[tuple[str, str]]) -> tuple[torch.Tensor, float]:
+        """Mean Bradley–Terry loss of ``pairs`` (differentiable) and the pairs' accuracy."""
+        scores = self.reward_model.scores([w for w, _ in pairs] + [l for _, l in pairs])
+        chosen, rejected = scores[: len(pairs)], scores[len(pairs) :]
+        accuracy = pm.pair_accuracy(chosen.detach().tolist(), rejected.detach().tolist())
+        return pm.bradley_terry_losses(chosen, rejected).mean(), accuracy
+
+    def fit_reward_model(self, pairs: Sequence[tuple[str, str]]) -> list[dict[str, float]]:
+        """``reward_num_train_epochs`` shuffled passes of the Bradley–Terry fit; per-epoch metrics."""
+        args, history = self.args, []
+        self.reward_model.train()
+        for epoch in range(args.reward_num_train_epochs):
+            order = list(range(len(pairs)))
+            random.Random(derive_seed(args.seed, "reward_model_epoch", epoch)).shuffle(order)
+            losses, accuracies = [], []
+            for start in range(0, len(order), args.reward_train_batch_size):
+                batch = [pairs[i] for i in order[start : start + args.reward_train_batch_size]]
+                self.reward_optimizer.zero_grad(set_to_none=True)
+                loss, accuracy = self.reward_model_loss(batch)
+                if not torch.isfinite(loss):
+                    self.reward_optimizer.zero_grad(set_to_none=True)
+                    raise FloatingPointError(f"reward model: Bradley-Terry loss is {loss.item()} at epoch {epoch}, pairs {start}..{start + len(batch) - 1}")
+                loss.backward()
+                self.reward_optimizer.step()
+                losses.append(loss.item())
+                accuracies.append(accuracy)
+            metrics = {"reward_model/loss": float(np.mean(losses)), "reward_model/accuracy": float(np.mean(accuracies))}
+            self.logger.log(metrics, epoch)
+            history.append(metrics)
+        self.reward_optimizer.zero_grad(set_to_none=True)
+        self.reward_model.eval()
+        return history
+
+    def _learn_reward_model(self) -> None:
+        pairs = self.preference_pairs()
+        if not pairs:
+            raise ValueError(
+                f"MARLHF: the {_num_items(self.env)} train items gave no preference pair (every candidate "
+                "joint answer of every item earned the same reward); raise preference_num_candidates or check the reward"
+            )
+        self.reward_pairs = pairs
+        self.fit_reward_model(pairs)
+        self.reward_phase.done, self.reward_phase.pairs = True, len(pairs)
+
+    # --- phase 2: RL against the reward model ---------------------------------------------------
+
+    def _collect(self, indices: list[int]) -> tuple[list[RolloutNode], list[Sample], float]:
+        if not self.reward_phase.done:
+            self._learn_reward_model()
+        return super()._collect(indices)
+
+    def reward_model_scores(self, nodes: Sequence[RolloutNode]) -> list[list[float]]:
+        """The reward model's score of every joint action of ``nodes`` (one batched call)."""
+        texts = [self._joint_text(node, j) for node in nodes for j in range(len(node.joint))]
+        with torch.no_grad():
+            flat = self.reward_model.scores(texts).float().cpu().tolist() if texts else []
+        out, offset = [], 0
+        for node in nodes:
+            out.append(flat[offset : offset + len(node.joint)])
+            offset += len(node.joint)
+        for node, scores in zip(nodes, out):
+            bad = [s for s in scores if not math.isfinite(s)]
+            if bad:
+                raise FloatingPointError(f"reward model: score {bad[0]} for item {node.index}, turn {node.turn}")
+        return out
+
+    def _samples(self, roots: list[RolloutNode]) -> list[Sample]:
+        """The RL learner's samples with every joint action's reward (and return: one turn)
+        replaced by the reward model's score; the trees keep the env's rewards."""
+        nodes = list(iter_nodes(roots))
+        scores = self.reward_model_scores(nodes)
+        kept = [(node.rewards, node.returns, node.agent_rewards) for node in nodes]
+        try:
+            for node, values in zip(nodes, scores):
+                node.rewards, node.returns, node.agent_rewards = list(values), list(values), None
+            samples = super()._samples(roots)
+        finally:
+            for node, (rewards, returns, agent_rewards) in zip(nodes, kept):
+                node.rewards, node.returns, node.agent_rewards = rewards, returns, agent_rewards
+        flat = [s for values in scores for s in values]
+        if flat:
+            self._note("train/reward_model/score_mean", float(np.mean(flat)))
+        return samples
+
+
+def select_pairs(rewards: Sequence[float], mode: str, limit: int | None, rng: random.Random) -> list[tuple[int, int]]:
+    """:func:`~llm_marl.learners.preference_math.select_pairs` (looked up here, so a test's
+    control can replace it)."""
+    return pm.select_pairs(rewards, mode, limit, rng)
