@@ -37,9 +37,15 @@ Usage::
     python benchmarks/throughput.py --comlrl-python /work/comlrl-venv/bin/python \\
         --configs targets --repeats 3 --out results.json
     python benchmarks/throughput.py --configs K4T2-aligned,K8T1-cross --items-per-step 1 8
+    python benchmarks/throughput.py --configs smol --items 2 --items-per-step 1 --lora-r 8
 
 Configuration names: ``K{k}T{t}-{aligned|cross}``, optionally prefixed ``large-`` for the larger
-model (4 layers, 256 wide); groups: ``quick``, ``targets``, ``grid`` (the default: every K in
+model (4 layers, 256 wide) or ``smol-`` for the SmolLM2-135M shape (Llama: 30 layers, hidden 576,
+intermediate 1536, 9 heads / 3 KV heads, vocab 49,152, tied embeddings; random weights, seed 0,
+fp32; the tiny model's tokenizer padded with added tokens to 49,152 ids, built once into
+``--model-dir``/smol, 538 MB); groups ``smol`` (smol-K4T1-aligned, the drop-in constructor's
+default setting of issue 24) and ``smol-targets`` (smol-K4T1-aligned, smol-K4T2-aligned,
+smol-K4T2-cross); ``quick``, ``targets``, ``grid`` (the default: every K in
 {2,4,8} x T in {1,2,3}, aligned and cross, except the cross trees over 30 nodes, plus
 ``large-K4T2-aligned``) and ``all`` (grid + K8T2-cross, K4T3-cross and K8T3-cross: 65, 273 and
 4,161 nodes per item).
@@ -58,6 +64,12 @@ import time
 RESULT_MARKER = "THROUGHPUT_RESULT "
 SMALL = {"vocab_size": 1000, "n_layer": 2, "n_embd": 128, "n_head": 2}
 LARGE = {"vocab_size": 1000, "n_layer": 4, "n_embd": 256, "n_head": 4}
+SMOLLM2_135M = {
+    "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536, "num_hidden_layers": 30,
+    "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64, "max_position_embeddings": 8192,
+    "rope_theta": 100000.0, "rms_norm_eps": 1e-5, "tie_word_embeddings": True,
+}
+"""SmolLM2-135M(-Instruct)'s LlamaConfig fields (its config.json), for random-weight rows."""
 
 # --------------------------------------------------------------------------- the shared workload
 # Plain Python only: these run unchanged in both interpreters.
@@ -116,9 +128,14 @@ def config_name(k: int, turns: int, mode: str, large: bool = False) -> str:
     return f"{'large-' if large else ''}K{k}T{turns}-{mode}"
 
 
+MODEL_PREFIXES = {"large-": "large", "smol-": "smol"}
+
+
 def parse_config(name: str) -> dict:
-    large = name.startswith("large-")
-    body = name[len("large-") :] if large else name
+    prefix = next((p for p in MODEL_PREFIXES if name.startswith(p)), "")
+    model = MODEL_PREFIXES.get(prefix, "small")
+    large = model == "large"
+    body = name[len(prefix) :]
     try:
         shape, mode = body.split("-")
         k_text, t_text = shape[1:].split("T")
@@ -126,8 +143,10 @@ def parse_config(name: str) -> dict:
         if shape[0] != "K" or mode not in ("aligned", "cross") or k < 2 or turns < 1:
             raise ValueError
     except ValueError:
-        raise SystemExit(f"bad configuration name {name!r}: expected e.g. K4T2-aligned, K8T1-cross, large-K4T2-aligned")
-    return {"name": name, "k": k, "turns": turns, "mode": mode, "large": large, "nodes": tree_nodes(k, turns, mode)}
+        raise SystemExit(
+            f"bad configuration name {name!r}: expected e.g. K4T2-aligned, K8T1-cross, large-K4T2-aligned, smol-K4T1-aligned"
+        )
+    return {"name": name, "k": k, "turns": turns, "mode": mode, "large": large, "model": model, "nodes": tree_nodes(k, turns, mode)}
 
 
 def expand_configs(text: str) -> list[dict]:
@@ -143,6 +162,8 @@ def expand_configs(text: str) -> list[dict]:
         "targets": ["K4T2-aligned", "K4T2-cross", "large-K4T2-aligned"],
         "grid": grid,
         "all": grid + ["K8T2-cross", "K4T3-cross", "K8T3-cross"],
+        "smol": ["smol-K4T1-aligned"],
+        "smol-targets": ["smol-K4T1-aligned", "smol-K4T2-aligned", "smol-K4T2-cross"],
     }
     names: list[str] = []
     for part in [p.strip() for p in text.split(",") if p.strip()]:
@@ -458,7 +479,7 @@ def _versions(side: str) -> dict:
 def run_build(spec: dict) -> dict:
     """Subprocess: build (or reuse) the tiny models and pick the prompts."""
     return {
-        "models": build_models(spec["model_dir"], spec["pretrain_steps"], spec["need_large"]),
+        "models": build_models(spec["model_dir"], spec["pretrain_steps"], spec["need_large"], spec.get("need_smol", False)),
         "prompts": bench_prompts(spec["items"]),
     }
 
@@ -472,13 +493,59 @@ def bench_prompts(count: int) -> list[str]:
     return [" ".join(paragraphs[i * step].split()[:8]) for i in range(count)]
 
 
-def build_models(model_dir: str, pretrain_steps: int, need_large: bool) -> dict[str, str]:
+def build_models(model_dir: str, pretrain_steps: int, need_large: bool, need_smol: bool = False) -> dict[str, str]:
     from llm_marl.policies.tiny import build_tiny_model
 
     paths = {"small": str(build_tiny_model(os.path.join(model_dir, "small"), pretrain_steps=pretrain_steps, **SMALL))}
     if need_large:
         paths["large"] = str(build_tiny_model(os.path.join(model_dir, "large"), pretrain_steps=pretrain_steps, **LARGE))
+    if need_smol:
+        paths["smol"] = build_smol_model(os.path.join(model_dir, "smol"), paths["small"])
     return paths
+
+
+def padded_tokenizer(folder: str, vocab_size: int):
+    """The tokenizer in ``folder`` with added tokens ``<x{i}>`` up to ``vocab_size`` ids, so that
+    every id a random-weight model of that vocabulary samples decodes (and encodes back)."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    tokenizer.add_tokens([f"<x{i}>" for i in range(len(tokenizer), vocab_size)])
+    return tokenizer
+
+
+def smol_model(tokenizer, dtype: str = "float32", seed: int = 0):
+    """A LlamaForCausalLM of the SmolLM2-135M shape with random weights (``seed``), its special
+    token ids those of ``tokenizer``."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    ids = {name: getattr(tokenizer, name) for name in ("bos_token_id", "eos_token_id", "pad_token_id")}
+    ids["pad_token_id"] = ids["pad_token_id"] if ids["pad_token_id"] is not None else ids["eos_token_id"]
+    model = LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M, **ids))
+    return model.to(getattr(torch, dtype)).eval()
+
+
+def build_smol_model(folder: str, tokenizer_folder: str) -> str:
+    """``folder``: the SmolLM2-135M shape with random weights (seed 0), saved with the padded
+    tokenizer; built once (into a temporary sibling renamed into place)."""
+    import shutil
+
+    marker = os.path.join(folder, "llm_marl_bench.json")
+    if os.path.exists(marker):
+        return folder
+    tokenizer = padded_tokenizer(tokenizer_folder, SMOLLM2_135M["vocab_size"])
+    model = smol_model(tokenizer)
+    tmp = f"{folder}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    with open(os.path.join(tmp, "llm_marl_bench.json"), "w") as handle:
+        json.dump({"shape": "SmolLM2-135M", "weights": "random, seed 0", "config": SMOLLM2_135M}, handle)
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(tmp, folder)
+    return folder
 
 
 def launch(python: str, side: str, spec: dict, timeout: float) -> dict:
@@ -637,7 +704,8 @@ def main(argv: list[str] | None = None) -> int:
     # The driver imports only the standard library (see _peak_rss_mib): build in a subprocess.
     built = launch(sys.executable, "build", {"model_dir": os.path.abspath(opts.model_dir), "items": items,
                                              "pretrain_steps": opts.pretrain_steps,
-                                             "need_large": any(c["large"] for c in configs)}, opts.timeout)
+                                             "need_large": any(c["large"] for c in configs),
+                                             "need_smol": any(c["model"] == "smol" for c in configs)}, opts.timeout)
     if "error" in built:
         raise SystemExit(f"building the models failed: {built['error']}")
     models, prompts = built["models"], built["prompts"]
@@ -662,7 +730,7 @@ def main(argv: list[str] | None = None) -> int:
             for side, python, ips, extra in runs:
                 spec = {
                     **cfg,
-                    "model_dir": models["large" if cfg["large"] else "small"],
+                    "model_dir": models[cfg["model"]],
                     "prompts": prompts,
                     "items_per_step": ips,
                     "new_tokens": opts.new_tokens,
