@@ -256,7 +256,9 @@ class MARLHFTrainer(MAGRPOTrainer):
         first = self.policies[self.agents[0]]
         model, tokenizer = getattr(first, "model", None), getattr(first, "tokenizer", None)
         if model is not None and tokenizer is not None:
-            backbone = copy.deepcopy(getattr(model, "get_base_model", lambda: model)())
+            backbone = copy.deepcopy(model)
+            if callable(getattr(backbone, "unload", None)):  # a peft model (adapter team): the base without adapters
+                backbone = backbone.unload()
             for p in backbone.parameters():
                 p.requires_grad_(True)
             return JointRewardModel(backbone, args.reward_freeze_backbone, tokenizer=tokenizer, max_length=args.reward_max_length, seed=seed)

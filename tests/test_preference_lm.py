@@ -1,0 +1,85 @@
+"""MADPO and MARLHF with a team of LoRA adapters on a tiny language model: one forward scores
+both agents, the reference is the base with adapters disabled (no copy), only adapters train.
+
+Hand value: peft starts every lora_B at 0, so before the first step every adapter scores exactly
+like the base — each agent's DPO margin is 0 and the first step's joint loss is −log σ(0) = ln 2.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+from llm_marl.envs.dialogue import DialogueEnv  # noqa: E402
+from llm_marl.learners.preference import MADPOConfig, MADPOTrainer  # noqa: E402
+from llm_marl.learners.reward_model import MARLHFConfig, MARLHFTrainer  # noqa: E402
+from llm_marl.policies import LoRATeam  # noqa: E402
+from llm_marl.policies.tiny import build_tiny_model  # noqa: E402
+from llm_marl.tasks.function_task import FunctionTask  # noqa: E402
+
+PROMPTS = ["The assert statement", "A", "If the module being imported is not a top level module,"]
+AGENTS = ("agent_0", "agent_1")
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", pretrain_steps=20, batch_size=8)
+
+
+def team_of(model_dir):
+    return LoRATeam.from_pretrained(model_dir, agents=AGENTS, r=4, alpha=8, max_new_tokens=4, temperature=1.0, top_p=None, top_k=None)
+
+
+def reward(*answers):
+    return [float(sum(len(a[0]) for a in answers)) / 40.0]
+
+
+def env():
+    return DialogueEnv(FunctionTask(reward, lambda item: item["prompt"], None, [{"prompt": p} for p in PROMPTS], num_agents=2, num_turns=1))
+
+
+SETTINGS = dict(num_agents=2, num_train_epochs=1, agent_learning_rate=1e-2, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=None,
+                preference_num_candidates=3, preference_pairs_per_sample=2, rollout_buffer_size=3, eval_interval=0, logging_steps=1,
+                progress_bar=False, seed=3)
+
+
+def lora_state(team):
+    return {n: p.detach().clone() for n, p in team.model.named_parameters()}
+
+
+def test_madpo_trains_a_team_in_one_forward_against_the_base(model_dir):
+    team = team_of(model_dir)
+    trainer = MADPOTrainer(env=env(), policies=team.policies, args=MADPOConfig(**SETTINGS))
+    for reference in trainer.dpo_references.values():
+        assert reference.model is team.model and list(reference.parameters()) == []
+    before = lora_state(team)
+    scored = []
+    original = team.log_probs
+    team.log_probs = lambda requests, reduction="sum": scored.append(sorted(requests)) or original(requests, reduction)
+    trainer.train()
+    assert trainer.state.global_step == 1 and scored == [list(AGENTS)]
+    losses = [row["train/dpo/loss"] for _, row in trainer.logger.history if "train/dpo/loss" in row]
+    assert losses == [pytest.approx(math.log(2), abs=1e-5)]
+    after = lora_state(team)
+    assert all(torch.equal(before[n], after[n]) for n in before if "lora_" not in n)
+    assert any(not torch.equal(before[n], after[n]) for n in before if "lora_B" in n)
+
+
+def test_marlhf_fits_a_reward_model_on_a_copy_of_the_base_and_trains_the_team(model_dir):
+    team = team_of(model_dir)
+    args = MARLHFConfig(**SETTINGS, num_generations=2, reward_learning_rate=1e-3, reward_train_batch_size=2)
+    trainer = MARLHFTrainer(env=env(), policies=team.policies, args=args)
+    backbone = trainer.reward_model.backbone
+    assert trainer.reward_model.is_language_model and not any(p is q for p in backbone.parameters() for q in team.model.parameters())
+    before = lora_state(team)
+    trainer.train()
+    assert trainer.reward_phase.done and trainer.reward_phase.pairs > 0 and trainer.state.global_step >= 1
+    assert any("reward_model/loss" in row for _, row in trainer.logger.history)
+    assert not any("lora_" in n for n, _ in backbone.named_parameters())
+    after = lora_state(team)
+    assert all(torch.equal(before[n], after[n]) for n in before if "lora_" not in n)
+    assert any(not torch.equal(before[n], after[n]) for n in before if "lora_B" in n)
