@@ -158,7 +158,7 @@ def test_the_env_native_constructor_keeps_its_closing_checkpoint_unless_told_not
 
 
 @pytest.mark.parametrize("final, checkpointed", [(None, True), (False, False)])
-def test_a_signal_checkpoints_only_where_the_end_would(tmp_path, final, checkpointed):
+def test_a_signal_checkpoints_only_where_the_end_would(tmp_path, capsys, final, checkpointed):
     run = native(tmp_path / "run", num_train_epochs=6, save_final_checkpoint=final)
     original = run.env.task.rewards
 
@@ -171,6 +171,8 @@ def test_a_signal_checkpoints_only_where_the_end_would(tmp_path, final, checkpoi
         run.train()
     assert (stop.value.checkpoint == str(tmp_path / "run" / "checkpoint-1")) is checkpointed
     assert bool(weight_files(tmp_path / "run")) is checkpointed
+    notice = capsys.readouterr().err  # the Ctrl-C notice promises a checkpoint only where one is written
+    assert ("and writing a checkpoint" in notice) is checkpointed and ("writes no checkpoint" in notice) is not checkpointed
 
 
 def test_the_cli_keeps_resumable_checkpoints(tmp_path):

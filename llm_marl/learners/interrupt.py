@@ -2,7 +2,7 @@
 
 While :meth:`~llm_marl.learners.reinforce.MAGRPOTrainer.train` runs in the main thread, the
 first SIGINT or SIGTERM only asks it to stop: the current dataset batch finishes, a checkpoint
-is written (when there is an ``output_dir``), and :class:`TrainingInterrupted` is raised,
+is written (when the run writes one: an ``output_dir`` and ``save_final_checkpoint``), and :class:`TrainingInterrupted` is raised,
 carrying the signal, the checkpoint path and the conventional exit code (130 for SIGINT, 143
 for SIGTERM). A second signal stops at once: :class:`TrainingInterrupted` with no checkpoint
 is raised from wherever the program is. The previous handlers are restored when training ends.
@@ -40,9 +40,11 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 class StopRequests:
     """Context manager: while active (main thread only), SIGINT/SIGTERM set :attr:`signum`
-    instead of killing the program; a second one raises :class:`TrainingInterrupted` at once."""
+    instead of killing the program; a second one raises :class:`TrainingInterrupted` at once.
+    ``checkpoints``: whether the stop writes a checkpoint (only what the notice says)."""
 
-    def __init__(self) -> None:
+    def __init__(self, checkpoints: bool = True) -> None:
+        self.checkpoints = checkpoints
         self.signum: int | None = None
         self._previous: dict[int, Any] = {}
 
@@ -62,9 +64,10 @@ class StopRequests:
             self.__exit__()
             raise TrainingInterrupted(signum, None, immediate=True)
         self.signum = signum
+        then = ("and writing a checkpoint (send it again to stop at once, without a checkpoint)" if self.checkpoints
+                else "(this run writes no checkpoint: no output_dir, or save_final_checkpoint off; send it again to stop at once)")
         print(
-            f"\n[llm_marl] {signal.Signals(signum).name} received: stopping after this batch and writing a "
-            "checkpoint (send it again to stop at once, without a checkpoint)",
+            f"\n[llm_marl] {signal.Signals(signum).name} received: stopping after this batch {then}",
             file=sys.stderr,
             flush=True,
         )

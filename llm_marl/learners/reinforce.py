@@ -247,7 +247,7 @@ class MAGRPOTrainer:
         batches = self._batches()
         total = args.num_train_epochs * len(batches)
         progress = _progress(total, self.state.epoch * len(batches) + self.state.batch_in_epoch, args.progress_bar)
-        stop = StopRequests().__enter__()
+        stop = StopRequests(checkpoints=self._closing_checkpoint() and self.dist.is_main).__enter__()
         try:
             while self.state.epoch < args.num_train_epochs and not self._reached_max_steps():
                 b = self.state.batch_in_epoch
