@@ -21,7 +21,15 @@ What is here:
 - :mod:`llm_marl.comlrl.trainers.actor_critic` (and ``iac``, ``maac``): ``IACConfig`` /
   ``IACTrainer`` and ``MAACConfig`` / ``MAACTrainer``, adapted the same way.
 
-Not here: the preference trainers and CoMLRL's internal helpers.
+- :mod:`llm_marl.comlrl.trainers.preference` (and ``madpo``, ``marlhf``, ``centralized``):
+  ``MADPOConfig`` / ``MADPOTrainer``, ``MARLHFConfig`` / ``MARLHFTrainer``, ``JointRewardModel``,
+  the centralized comparator adapters, ``madpo.AgentPreferenceTensors`` / ``PreferencePair``
+  (docs/preference.md lists where they differ from CoMLRL); ``trainers.magrpo`` (the old path
+  of MAGRPO); ``models.actor_critic`` (``CausalLMWithValueHead``, ``ValueHead``);
+  ``utils.formatters``, ``utils.reward_utils``; ``runtime.configure_job_cuda_cache``.
+
+Not here: CoMLRL's iterative preference trainers, centralized collaboration, and its other
+internal helpers.
 
 The classes are thin adapters over :mod:`llm_marl.learners`; the behaviour that deliberately
 differs from CoMLRL (every answer token scored, ``discount`` honoured, ``joint_mode="crossed"``

@@ -1,7 +1,8 @@
-"""CoMLRL's ``comlrl.trainers``: the REINFORCE family and the actor-critic learners (see
-:mod:`llm_marl.comlrl`)."""
+"""CoMLRL's ``comlrl.trainers``: the REINFORCE family, the actor-critic learners and the
+preference learners (see :mod:`llm_marl.comlrl`)."""
 
 from llm_marl.comlrl.trainers.actor_critic import ActorCriticTrainerBase, IACConfig, IACTrainer, MAACConfig, MAACTrainer
+from llm_marl.comlrl.trainers.preference import JointRewardModel, MADPOConfig, MADPOTrainer, MARLHFConfig, MARLHFTrainer
 from llm_marl.comlrl.trainers.reinforce import (
     MAGRPOConfig,
     MAGRPOTrainer,
@@ -17,8 +18,11 @@ __all__ = [
     "ActorCriticTrainerBase",
     "IACConfig",
     "IACTrainer",
+    "JointRewardModel",
     "MAACConfig",
     "MAACTrainer",
+    "MADPOConfig",
+    "MADPOTrainer",
     "MAGRPOConfig",
     "MAGRPOTrainer",
     "MAREINFORCEConfig",
@@ -27,4 +31,6 @@ __all__ = [
     "MARLOOTrainer",
     "MAReMaxConfig",
     "MAReMaxTrainer",
+    "MARLHFConfig",
+    "MARLHFTrainer",
 ]

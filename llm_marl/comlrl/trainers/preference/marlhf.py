@@ -1,0 +1,46 @@
+"""CoMLRL's ``comlrl.trainers.preference.marlhf``: MARLHF and its joint reward model, on
+:mod:`llm_marl.learners.reward_model` (docs/preference.md lists the differences)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llm_marl.comlrl.trainers.preference.centralized import check_adapter
+from llm_marl.learners import reward_model as _reward_model
+from llm_marl.learners.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
+from llm_marl.learners.reward_model import JointRewardModel
+
+
+@dataclass
+class MARLHFConfig(_reward_model.MARLHFConfig):
+    """:class:`llm_marl.learners.reward_model.MARLHFConfig` with CoMLRL's optimizer default."""
+
+    weight_decay: float = ADAMW_DEFAULT_WEIGHT_DECAY
+    """AdamW weight decay; CoMLRL's optimizers are torch AdamW with its default (0.01)."""
+    dpo_reference: bool = False
+    """Unused by MARLHF (pairs train the reward model); False as in CoMLRL's MADPO."""
+
+    def __post_init__(self) -> None:
+        normalize_comlrl_fields(self)
+        super().__post_init__()
+
+
+class MARLHFTrainer(CoMLRLTrain, _reward_model.MARLHFTrainer):
+    """:class:`llm_marl.learners.reward_model.MARLHFTrainer` with CoMLRL's keywords and
+    ``train()``. ``metrics_callback``, ``critic_model`` and ``critics`` belong to CoMLRL's
+    actor-critic RL phase (rl_algorithm "iac"/"maac", not built here): None is required."""
+
+    config_class = MARLHFConfig
+
+    def __init__(self, *args: Any, centralized_comparator_adapter: Any = None, metrics_callback: Any = None,
+                 critic_model: Any = None, critics: Any = None, **kwargs: Any):
+        given = [name for name, value in (("critic_model", critic_model), ("critics", critics)) if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: MARLHF's actor-critic RL phase (rl_algorithm 'iac'/'maac') is not built here")
+        self.centralized_comparator_adapter = check_adapter(centralized_comparator_adapter)
+        self.metrics_callback = metrics_callback
+        super().__init__(*args, **kwargs)
+
+
+__all__ = ["JointRewardModel", "MARLHFConfig", "MARLHFTrainer"]
