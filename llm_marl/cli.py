@@ -53,7 +53,7 @@ LEARNERS = {
     "maac": "MAAC",
 }
 
-RUN_KEYS = ("env", "policy", "model", "learner", "actions", "train_items", "import")
+RUN_KEYS = ("env", "policy", "model", "learner", "actions", "train_items", "import", "system_prompt")
 """Keys of a run (flags and YAML) that are not config fields."""
 
 SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k")
@@ -108,6 +108,52 @@ layer at 5e-3 +0.103/+0.107/+0.057, at 6e-3 +0.127/+0.151/+0.093 (chosen), at 7e
 +0.103/+0.074/+0.068, at 1e-2 +0.003/+0.009 (collapse); r=16 (alpha 16 or 32) at 5e-3 was worse
 (means +0.078, +0.063). Held-out seeds 3-5: full models +0.114/+0.109/+0.076, adapters at 6e-3
 +0.134/+0.088/+0.149, at 5e-3 +0.102/+0.079/+0.157."""
+
+
+MAIN_RUN: dict[str, Any] = {
+    "env": "llm_marl.tasks.naming:NameMatch",
+    "policy": "lm",
+    "model": "smollm2-135m",
+    "learner": "magrpo",
+    "lora_r": 8,
+    "lora_alpha": 16.0,
+    "lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "num_turns": 1,
+    "num_train_epochs": 2,
+    "num_generations": 4,
+    "joint_mode": "cross",
+    "items_per_step": 4,
+    "rollout_buffer_size": 4,
+    "max_new_tokens": 12,
+    "temperature": 0.7,
+    "top_p": 0.9,
+    "top_k": None,
+    "agent_learning_rate": 1e-3,
+    "early_termination_threshold": None,
+    "reference_kl_enabled": False,
+    "eval_interval": 0,
+    "eval_num_samples": 30,
+    "eval_batch_size": 30,
+    "logging_steps": 1,
+    "rollout_log_steps": 1,
+    "max_grad_norm": 1.0,
+    "system_prompt": "You answer every question with a single word.",
+}
+"""The main job (``llm-marl train`` with no arguments): a team of two SmolLM2-135M-Instruct
+LoRA adapters (one frozen base, fetched and converted on first use, :mod:`llm_marl.policies.models`)
+learns to agree on answers in :class:`~llm_marl.tasks.naming.NameMatch`, on the CPU. ``--model
+tiny`` (or any model other than SmolLM2) runs :data:`DEFAULT_RUN` instead."""
+
+MAIN_RUN_MODELS = ("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct")
+"""Models the main job's settings were made for (a named model or its hub id)."""
+
+
+def default_options(model: Any) -> dict[str, Any]:
+    """The embedded default run for ``--model`` (None: the main job's model): :data:`MAIN_RUN`
+    for SmolLM2-135M-Instruct, :data:`DEFAULT_RUN` (the tiny-model writing run) otherwise."""
+    if model is None or str(model).strip().lower() in {m.lower() for m in MAIN_RUN_MODELS}:
+        return dict(MAIN_RUN)
+    return dict(DEFAULT_RUN)
 
 
 class UsageError(Exception):
@@ -221,14 +267,15 @@ def _run_options(ns: argparse.Namespace, use_default: bool) -> tuple[dict[str, A
     its field; and the keys the user gave (flags and YAML)."""
     from llm_marl.learners.config_types import ConfigTypeError, coerce_mapping, coerce_value, field_types
 
-    options: dict[str, Any] = dict(DEFAULT_RUN) if use_default else {"policy": "tabular", "learner": "magrpo"}
+    options: dict[str, Any] = default_options(getattr(ns, "model", None)) if use_default else {"policy": "tabular", "learner": "magrpo"}
+    tiny_default = use_default and options["env"] == DEFAULT_RUN["env"]
     loaded = _load_yaml(ns.config) if ns.config else {}
     learner = getattr(ns, "learner", None) or loaded.get("learner") or options["learner"]
     config_class, _ = learner_classes(learner)
     _check_keys(list(loaded), config_class, f"--config {ns.config}")
     options.update(coerce_mapping(config_class, loaded, source=ns.config or ""))
     explicit = set(loaded)
-    for key in ("env", "policy", "model", "learner", "actions", "train_items"):
+    for key in ("env", "policy", "model", "learner", "actions", "train_items", "system_prompt"):
         value = getattr(ns, key, None)
         if value is not None:
             options[key] = value
@@ -252,7 +299,7 @@ def _run_options(ns: argparse.Namespace, use_default: bool) -> tuple[dict[str, A
         if isinstance(count, bool) or not isinstance(count, int) or count < 1:
             raise UsageError(f"--train-items must be an int >= 1 (the first N train rows), got {options['train_items']!r}")
         options["train_items"] = count
-    if use_default and options.get("lora_r") is not None:
+    if tiny_default and options.get("lora_r") is not None:
         options.update({k: v for k, v in DEFAULT_TEAM_RUN.items() if k not in explicit})
     return options, explicit
 
@@ -321,9 +368,14 @@ def _make_env(env_id: str, split: str | None, num_turns: int | None) -> Any:
         raise UsageError(f"--env {env_id}: {exc}") from None
     except TypeError as exc:
         if num_turns is not None and "num_turns" in str(exc):
+            fixed = _make_env(env_id, split, None)  # a fixed-length factory: N may be its own horizon
+            horizon = getattr(getattr(fixed, "task", None), "num_turns", None) if fixed is not None else None
+            if fixed is not None and horizon == num_turns:
+                return fixed
+            played = f"{horizon} turn{'s' if horizon != 1 else ''}" if horizon is not None else "a fixed length"
             raise UsageError(
                 f"--num_turns {num_turns}: the factory of env {env_id} does not take num_turns ({exc}); "
-                "its episodes have a fixed length: drop --num_turns"
+                f"its episodes have {played}: drop --num_turns"
             ) from None
         if split is not None and "split" in str(exc):
             return None  # a factory without splits: the trainer evaluates on the train env
@@ -361,7 +413,7 @@ def _make_policies(options: dict[str, Any], env: Any, args: Any, explicit: set[s
         hf_logging.disable_progress_bar()
 
         if args.lora_r is not None or _saved_adapters(options.get("model"), env.possible_agents):
-            return _adapter_team(options.get("model") or "tiny", env, args)
+            return _adapter_team(options.get("model") or "tiny", env, args, options.get("system_prompt"))
         policies = []
         from llm_marl.policies.models import resolve_model
 
@@ -370,6 +422,8 @@ def _make_policies(options: dict[str, Any], env: Any, args: Any, explicit: set[s
             saved = path != "tiny" and os.path.isfile(os.path.join(folder, SETTINGS_FILE))
             chosen = [f for f in SAMPLING_FIELDS if not saved or explicit is None or f in explicit]
             settings = {f: getattr(args, f) for f in chosen}
+            if options.get("system_prompt") is not None:
+                settings["system_prompt"] = str(options["system_prompt"])
             if path == "tiny":
                 from llm_marl.policies.tiny import load_tiny
 
@@ -433,7 +487,7 @@ def _saved_adapters(model: Any, agents: Sequence[str]) -> dict[str, str] | None:
     return None
 
 
-def _adapter_team(model: Any, env: Any, args: Any) -> list[Any]:
+def _adapter_team(model: Any, env: Any, args: Any, system_prompt: str | None = None) -> list[Any]:
     """``--lora_r R``: every agent a LoRA adapter of one shared base (LoRATeam); a ``--model``
     folder of saved adapters (a team run's ``final/``) continues them on their base."""
     from llm_marl.policies.lora_team import LoRATeam, team_options
@@ -449,6 +503,8 @@ def _adapter_team(model: Any, env: Any, args: Any) -> list[Any]:
             raise UsageError(f"--model {model}: its adapters do not name their base model (base_model_name_or_path)")
         print(f"llm-marl: --model {model}: one LoRA adapter per agent on base {base}; training continues them")
         options = {**team_options(args), "r": None, "alpha": None, "target_modules": None}
+        if system_prompt is not None:
+            options["system_prompt"] = str(system_prompt)
         team = LoRATeam.from_pretrained(base, agents, dtype=args.model_dtype, adapters=saved, **options)
         return [team.policies[agent] for agent in agents]
     if model == "tiny":
@@ -459,8 +515,25 @@ def _adapter_team(model: Any, env: Any, args: Any) -> list[Any]:
         from llm_marl.policies.models import resolve_model
 
         model = resolve_model(model)  # a named model: its cached folder
-    team = LoRATeam.from_pretrained(model, agents, dtype=args.model_dtype, **team_options(args))
+    settings = team_options(args)
+    if system_prompt is not None:
+        settings["system_prompt"] = str(system_prompt)
+    team = LoRATeam.from_pretrained(model, agents, dtype=args.model_dtype, **settings)
+    lead = team.policies[agents[0]]
+    shown = f"{named_as(model)} ({model})" if model != named_as(model) else model
+    template = f"chat template on{', system prompt ' + repr(lead.system_prompt) if lead.system_prompt else ''}" if lead.uses_chat_template else "raw prompts (no chat template)"
+    print(f"llm-marl: model {shown}: one LoRA adapter per agent (r={args.lora_r}) on one frozen base; {template}")
     return [team.policies[agent] for agent in agents]
+
+
+def named_as(folder: str) -> str:
+    """The model name of a named model's cached folder (:mod:`llm_marl.policies.models`), else ``folder``."""
+    from llm_marl.policies import models
+
+    for name in models.MODELS:
+        if os.path.abspath(folder) == os.path.abspath(models.model_dir(name)):
+            return name
+    return folder
 
 
 def _samples(trainer: Any, count: int = 2) -> list[dict[str, str]]:
@@ -506,7 +579,7 @@ def cmd_train(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     if resume is True and not checkpoint.list_checkpoints(out):
         raise UsageError(f"nothing to resume in {out}: it holds no checkpoint (start the run without --resume)")
     if use_default:
-        print("llm-marl: no arguments, running the embedded default (tiny local LMs, MAGRPO, WritingCollab-v0)")
+        print(f"llm-marl: {'no arguments' if len(argv) <= 1 else 'no --env or --config'}, running the embedded default ({_describe_default(options)})")
     trainer = build_trainer(options, explicit)
     try:
         summary = train_and_summarize(trainer, options, resume)
@@ -518,6 +591,14 @@ def cmd_train(ns: argparse.Namespace, argv: Sequence[str]) -> int:
         if os.path.isdir(os.path.join(options["output_dir"], "rollouts")):
             print(f"llm-marl: rollout trees recorded; see them with: llm-marl view {options['output_dir']}")
     return 0
+
+
+def _describe_default(options: dict[str, Any]) -> str:
+    model = options.get("model") or "tiny"
+    kind = "LoRA adapters of" if options.get("lora_r") is not None else "full models"
+    if model == "tiny":
+        return f"two tiny local LMs ({kind.split(' of')[0]}), {options.get('learner', 'magrpo').upper()}, {options['env']}"
+    return f"{kind} {model}, {options.get('learner', 'magrpo').upper()}, {options['env']}"
 
 
 def resume_command(argv: Sequence[str], output_dir: str) -> str:
@@ -704,6 +785,7 @@ def parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         group.add_argument("--policy", choices=["tabular", "lm"], help="policy kind for every agent (default tabular; lm without --env)")
         group.add_argument("--model", help="for --policy lm: a model folder, a run's final/ folder (agent_i each), a hub id, or 'tiny'")
         group.add_argument("--learner", choices=sorted(LEARNERS), help=f"learner (default magrpo; this help shows {config_class.__name__})")
+        group.add_argument("--system-prompt", "--system_prompt", dest="system_prompt", metavar="TEXT", help="for --policy lm with a chat template: a system message before each prompt")
         group.add_argument("--actions", help="comma-separated menu for --policy tabular (default: the task's menu)")
         group.add_argument("--train-items", "--train_items", dest="train_items", type=int, metavar="N", help="train on the first N dataset rows only (N >= 1)")
         common(p)
