@@ -14,6 +14,8 @@ from typing import Any
 _HOMES = {
     "llm_marl.envs": ("DialogueEnv", "make", "register"),
     "llm_marl.learners": (
+        "CentralizedMAGRPOConfig",
+        "CentralizedMAGRPOTrainer",
         "IACConfig",
         "IACTrainer",
         "JointRewardModel",
