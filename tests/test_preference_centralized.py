@@ -1,4 +1,4 @@
-"""Centralized MAGRPO (docs/preference.md §6): one policy writes every role's answer; the
+"""Centralized MAGRPO (docs/preference.md §4): one policy writes every role's answer; the
 adapter builds its prompt and splits its answer for the env's reward and for evaluation."""
 
 from __future__ import annotations

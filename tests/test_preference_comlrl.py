@@ -193,3 +193,33 @@ def test_configure_job_cuda_cache(monkeypatch, tmp_path):
     monkeypatch.setenv("SLURM_JOB_ID", "../x")
     with pytest.raises(ValueError, match="SLURM_JOB_ID"):
         configure_job_cuda_cache()
+
+
+def test_centralized_magrpo_with_comlrl_keywords_splits_the_joint_answer_for_the_reward(tiny_model, tmp_path):
+    from datasets import Dataset
+
+    from llm_marl.comlrl.trainers.preference import TaggedCentralizedComparatorAdapter
+    from llm_marl.comlrl.trainers.reinforce.centralized_magrpo import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer
+
+    calls = []
+
+    def reward(first, second, batch_items=None):
+        calls.append((list(first), list(second), batch_items[0]["topic"]))
+        return [float(len(first[0]) + len(second[0]))]
+
+    args = CentralizedMAGRPOConfig(num_agents=2, num_train_epochs=1, num_generations=2, max_new_tokens=4, temperature=1.0, top_p=1.0,
+                                   top_k=None, rollout_buffer_size=1, eval_interval=0, output_dir=str(tmp_path / "run"), progress_bar=False)
+    trainer = CentralizedMAGRPOTrainer(
+        centralized_adapter=TaggedCentralizedComparatorAdapter(), num_agents=2, agent_model=tiny_model, reward_func=reward,
+        formatters=[lambda item: f"first {item['topic']}", lambda item: f"second {item['topic']}"],
+        train_dataset=Dataset.from_list([{"topic": "module"}, {"topic": "import"}]), args=args,
+    )
+    assert trainer.agents == ["actor"] and trainer.role_args.num_agents == 2 and args.weight_decay == 0.01
+    observations, _ = trainer.env.reset(options={"index": 0})
+    assert "Agent 0 original prompt:\nfirst module" in observations["actor"] and "Agent 1 original prompt:\nsecond module" in observations["actor"]
+    trainer.train()
+    assert trainer.state.global_step == 2 and len(calls) == 4
+    assert all(len(first) == len(second) == 1 for first, second, _ in calls)  # one answer per role per call
+    with pytest.raises(ValueError, match="exactly one actor model; agents= lists 2"):
+        CentralizedMAGRPOTrainer(centralized_adapter=TaggedCentralizedComparatorAdapter(), agents=[tiny_model, tiny_model], reward_func=reward,
+                                 train_dataset=Dataset.from_list([{"topic": "x"}]), args=args)

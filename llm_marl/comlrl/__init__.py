@@ -26,9 +26,10 @@ What is here:
   the centralized comparator adapters, ``madpo.AgentPreferenceTensors`` / ``PreferencePair``
   (docs/preference.md lists where they differ from CoMLRL); ``trainers.magrpo`` (the old path
   of MAGRPO); ``models.actor_critic`` (``CausalLMWithValueHead``, ``ValueHead``);
-  ``utils.formatters``, ``utils.reward_utils``; ``runtime.configure_job_cuda_cache``.
+  ``utils.formatters``, ``utils.reward_utils``; ``runtime.configure_job_cuda_cache``;
+  ``trainers.reinforce.centralized_magrpo`` (``CentralizedMAGRPOConfig`` / ``CentralizedMAGRPOTrainer``).
 
-Not here: CoMLRL's iterative preference trainers, centralized collaboration, and its other
+Not here: CoMLRL's iterative preference trainers, centralized MADPO/MARLHF, and its other
 internal helpers.
 
 The classes are thin adapters over :mod:`llm_marl.learners`; the behaviour that deliberately

@@ -1,4 +1,4 @@
-"""Centralized MAGRPO: ONE policy writes every role's answer in one text (docs/preference.md §6).
+"""Centralized MAGRPO: ONE policy writes every role's answer in one text (docs/preference.md §4).
 
 :class:`CentralizedEnv` turns an N-role one-turn env into a one-agent env: its prompt is the
 adapter's ``build_prompt(item, [prompt of each role])``; its action, one text, is split by the
