@@ -131,6 +131,8 @@ class MAGRPOConfig:
     """Adapter teams: recompute each layer in the backward pass instead of storing its activations."""
     model_dtype: str | None = None
     """Adapter teams: the base model's weight dtype (e.g. "bfloat16"); None: as saved."""
+    sample_dtype: str | None = None
+    """Adapter teams (and CausalLMPolicy(sample_dtype=)): decode with a copy of the weights in this dtype (e.g. "bfloat16"), refreshed after every update; scoring stays exact on the model's own weights. None: sample with the model itself."""
     reward_error_policy: str = "raise"
     """A task error while rolling out an item: "raise" stops training; "skip" drops the item, counts and logs it."""
     progress_bar: bool = True
@@ -194,6 +196,8 @@ class MAGRPOConfig:
         _positive(self, "lora_alpha")
         if self.model_dtype is not None and self.model_dtype not in MODEL_DTYPES:
             raise ValueError(f"model_dtype must be None or one of {', '.join(MODEL_DTYPES)}; got {self.model_dtype!r}")
+        if self.sample_dtype is not None and self.sample_dtype not in MODEL_DTYPES:
+            raise ValueError(f"sample_dtype must be None or one of {', '.join(MODEL_DTYPES)}; got {self.sample_dtype!r}")
         if self.save_total_limit is not None:
             _at_least(self, "save_total_limit", 1)
         _one_of(self, "joint_mode", JOINT_MODES)

@@ -94,7 +94,7 @@ import torch
 
 from llm_marl.policies import sampling, scoring
 from llm_marl.policies.base import Completion
-from llm_marl.policies.lm_runner import ModelRunner, model_name
+from llm_marl.policies.lm_runner import LowPrecisionShadow, ModelRunner, model_name
 from llm_marl.policies.sampling import repeat_with_room as _repeat_with_room  # noqa: F401 (old name)
 
 __all__ = ["CausalLMPolicy", "TanhGELU", "fuse_activations"]
@@ -116,7 +116,9 @@ _SETTING_NAMES = (
     "fused_activations",
     "chat_template",
     "system_prompt",
+    "sample_dtype",
 )
+SAMPLE_DTYPES = ("float32", "bfloat16", "float16")
 
 
 class TanhGELU(torch.nn.Module):
@@ -224,6 +226,13 @@ class CausalLMPolicy:
             True: they must (a tokenizer without one is an error); False: raw text.
         system_prompt: with a chat template, a system message put before each observation that
             has none (None: the template's own default, if any).
+        sample_dtype: None, or ``"bfloat16"`` / ``"float16"`` / ``"float32"``: decode with a copy
+            of the weights in that dtype (:class:`~llm_marl.policies.lm_runner.LowPrecisionShadow`,
+            refreshed whenever the weights changed; it costs the weights' element count at that
+            dtype's size) while scoring stays on the model's own weights, so the log-probs the
+            loss uses are exactly those without it. The sampled tokens come from the
+            lower-precision model (faster on CPUs with bf16 matmul units; the sampler and the
+            scorer then differ by rounding). None or the model's own dtype: no copy.
         generation_kwargs: extra keyword arguments for ``model.generate``; non-empty implies
             ``use_hf_generate`` (beware: anything that changes the sampling distribution makes
             scores differ from the sampler).
@@ -249,6 +258,7 @@ class CausalLMPolicy:
         fused_activations: bool = True,
         chat_template: bool | None = None,
         system_prompt: str | None = None,
+        sample_dtype: str | None = None,
         generation_kwargs: Mapping[str, Any] | None = None,
         device: str | torch.device | None = None,
     ) -> None:
@@ -277,6 +287,8 @@ class CausalLMPolicy:
             raise ValueError(f"chat_template must be None, True or False, got {chat_template!r}")
         if system_prompt is not None and not isinstance(system_prompt, str):
             raise ValueError(f"system_prompt must be a string or None, got {type(system_prompt).__name__}")
+        if sample_dtype is not None and sample_dtype not in SAMPLE_DTYPES:
+            raise ValueError(f"sample_dtype must be None or one of {', '.join(SAMPLE_DTYPES)}; got {sample_dtype!r}")
         has_template = bool(getattr(tokenizer, "chat_template", None))
         if chat_template is True and not has_template:
             raise ValueError(
@@ -304,6 +316,8 @@ class CausalLMPolicy:
         self.name = model_name(model)
         self.chat_template = chat_template
         self.system_prompt = system_prompt
+        self.sample_dtype = sample_dtype
+        self._shadow: LowPrecisionShadow | None = None
         self.uses_chat_template = has_template if chat_template is None else chat_template
         if system_prompt is not None and not self.uses_chat_template:
             warnings.warn(f"{self.name}: system_prompt is ignored without a chat template (raw prompts)", stacklevel=2)
@@ -363,6 +377,16 @@ class CausalLMPolicy:
     def _routes(self, rows: int) -> list[str] | None:
         """Each row's route through the model: None for a plain model (one route)."""
         return None
+
+    def _sampling_runner(self) -> ModelRunner:
+        """The runner the decode loop samples with: :attr:`runner`, or with ``sample_dtype`` set
+        (and not the model's dtype) that of a refreshed copy of the weights in that dtype."""
+        dtype = getattr(torch, self.sample_dtype) if self.sample_dtype else None
+        if dtype is None or all(p.dtype == dtype for p in self.model.parameters() if p.is_floating_point()):
+            return self.runner
+        if self._shadow is None or self._shadow.dtype != dtype or self._shadow.source is not self.model:
+            self._shadow = LowPrecisionShadow(self.model, dtype, self._make_runner)
+        return self._shadow.current()
 
     @classmethod
     def from_pretrained(
@@ -605,7 +629,7 @@ class CausalLMPolicy:
         """The KV-cached sampling loop (:func:`~llm_marl.policies.sampling.decode`)."""
         input_ids, attention_mask = self._left_pad(prompts)
         generated = sampling.decode(
-            self.runner,
+            self._sampling_runner(),
             input_ids,
             attention_mask,
             num_samples,
@@ -647,7 +671,7 @@ class CausalLMPolicy:
         width = input_ids.shape[1]
         config = self.generation_config(self._max_new_tokens(width), num_samples)
         model_kwargs = config.update(**self.generation_kwargs)  # the rest goes to the model
-        sequences = self.model.generate(
+        sequences = self._sampling_runner().model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
             generation_config=config,

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import torch
 
-__all__ = ["ModelRunner", "context_length", "model_name"]
+__all__ = ["LowPrecisionShadow", "ModelRunner", "context_length", "model_name"]
 
 
 def model_name(model: Any) -> str:
@@ -95,3 +95,81 @@ class ModelRunner:
         except KeyError:  # no cache returned (e.g. gradient checkpointing in train mode)
             cache = None
         return out.logits[:, -1], cache
+
+
+class LowPrecisionShadow:
+    """A copy of a model with its floating-point parameters in ``dtype``, for sampling only.
+
+    Built once by ``copy.deepcopy`` with every parameter replaced by a ``dtype`` copy (tied
+    weights stay tied; buffers keep their dtype), in eval mode, without gradients. :meth:`current`
+    refreshes it before use: a parameter is copied again only when its source changed since the
+    last refresh (its ``_version`` counter, bumped by every in-place update such as an optimizer
+    step or ``load_state_dict``, or its storage, changed by ``.data =``); a change in the set of
+    parameters or their device rebuilds it. Parameters already in ``dtype`` are shared, not
+    copied. Memory: the parameters' element count at ``dtype``'s size (half the fp32 weights for
+    bfloat16). ``make_runner`` builds the :class:`ModelRunner` of the copy (again on rebuild).
+    """
+
+    def __init__(self, model: Any, dtype: torch.dtype, make_runner: Any = None) -> None:
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"a sampling dtype must be a floating-point torch dtype, got {dtype!r}")
+        self.source = model
+        self.dtype = dtype
+        self.make_runner = make_runner or ModelRunner
+        self.rebuilds = 0
+        self.refreshed = 0
+        """Parameters copied again by the last :meth:`current` call."""
+        self._build()
+
+    def _build(self) -> None:
+        with torch.inference_mode(False):  # normal tensors, refreshable in place from anywhere
+            self._build_copy()
+
+    def _build_copy(self) -> None:
+        import copy
+
+        memo: dict[int, Any] = {}
+        pairs = []
+        for parameter in self.source.parameters():
+            value = parameter.detach()
+            if value.is_floating_point():  # others (e.g. quantised integers) are shared as they are
+                value = value.to(self.dtype)
+            twin = torch.nn.Parameter(value, requires_grad=False)
+            memo[id(parameter)] = twin
+            pairs.append((parameter, twin))
+        self.model = copy.deepcopy(self.source, memo)
+        self.model.eval()
+        self._pairs = pairs
+        self._ids = [id(p) for p, _ in pairs]
+        self._stamps = [self._stamp(p) for p, _ in pairs]
+        self.runner = self.make_runner(self.model)
+        self.rebuilds += 1
+
+    @staticmethod
+    def _stamp(parameter: torch.Tensor) -> tuple[int, int]:
+        return parameter._version, parameter.data_ptr()
+
+    def current(self) -> ModelRunner:
+        """The copy's runner, its parameters equal (in ``dtype``) to the source's right now."""
+        parameters = list(self.source.parameters())
+        if [id(p) for p in parameters] != self._ids or any(
+            p.device != twin.device for p, twin in self._pairs[:1] + self._pairs[-1:]
+        ):
+            self._build()
+            self.refreshed = len(self._pairs)
+            return self.runner
+        refreshed = 0
+        with torch.no_grad():
+            for index, (parameter, twin) in enumerate(self._pairs):
+                stamp = self._stamp(parameter)
+                if stamp != self._stamps[index]:
+                    if twin.data_ptr() != parameter.data_ptr():
+                        twin.copy_(parameter.detach())
+                    self._stamps[index] = stamp
+                    refreshed += 1
+        self.refreshed = refreshed
+        return self.runner
+
+    def nbytes(self) -> int:
+        """Bytes the copy's parameters add (those not shared with the source)."""
+        return sum(t.numel() * t.element_size() for p, t in self._pairs if t.data_ptr() != p.data_ptr())

@@ -33,6 +33,10 @@ adapters stay float32, as peft keeps them, and log-probs are computed in float32
 ``gradient_checkpointing=True`` keeps only each layer's input for the backward pass and
 recomputes the rest (activation memory of one layer instead of all; the model is put in train
 mode, since transformers checkpoints only there, and scoring then runs without a KV cache).
+``sample_dtype="bfloat16"`` decodes with a bfloat16 copy of the team's model (base and adapters,
+:meth:`LoRATeam.sampling_runner`; the adapters are copied again after every update, the frozen
+base never) while scoring stays on the model itself: exact log-probs, faster sampling on CPUs
+with bf16 matmul units, for the copy's memory (half an fp32 base's weights).
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ import torch
 from llm_marl.policies import scoring
 from llm_marl.policies.base import Completion
 from llm_marl.policies.causal_lm import _SETTING_NAMES, SETTINGS_FILE, CausalLMPolicy
-from llm_marl.policies.lm_runner import ModelRunner, model_name
+from llm_marl.policies.lm_runner import LowPrecisionShadow, ModelRunner, model_name
 
 __all__ = ["AdapterPolicy", "LoRATeam", "TeamRunner", "BASE_ROUTE"]
 
@@ -185,6 +189,13 @@ class AdapterPolicy(CausalLMPolicy):
     def _routes(self, rows: int) -> list[str]:
         return [self.adapter] * rows
 
+    def _sampling_runner(self) -> ModelRunner:
+        """The team's sampling runner (:meth:`LoRATeam.sampling_runner`); ``model.generate``
+        (``use_hf_generate``) always runs on the model itself."""
+        if self.use_hf_generate or self.generation_kwargs:
+            return self.runner
+        return self.team.sampling_runner(self.sample_dtype)
+
     def sample(self, observations: Sequence[str], num_samples: int) -> list[list[Completion]]:
         if self.use_hf_generate or self.generation_kwargs:
             with self.team.only(self.adapter):
@@ -288,8 +299,20 @@ class LoRATeam:
             else:
                 inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options)
             model.train()
+        self._shadow: LowPrecisionShadow | None = None
         self.policies: dict[str, AdapterPolicy] = {a: AdapterPolicy(self, a, **settings) for a in agents}
         self.name = model_name(model.get_base_model())
+
+    def sampling_runner(self, sample_dtype: str | None) -> ModelRunner:
+        """The runner the team's decode loop uses: :attr:`runner`, or for a ``sample_dtype`` that
+        is not every parameter's dtype a :class:`TeamRunner` over a copy of the model in that
+        dtype, refreshed from the current weights (only changed parameters are copied)."""
+        dtype = _dtype(sample_dtype) if sample_dtype else None
+        if dtype is None or all(p.dtype == dtype for p in self.model.parameters() if p.is_floating_point()):
+            return self.runner
+        if self._shadow is None or self._shadow.dtype != dtype:
+            self._shadow = LowPrecisionShadow(self.model, dtype, TeamRunner)
+        return self._shadow.current()
 
     # ------------------------------------------------------------------ construction
 
@@ -565,7 +588,7 @@ class LoRATeam:
 def team_options(args: Any) -> dict[str, Any]:
     """The :meth:`LoRATeam.from_model` keywords a trainer config carries: the adapter shape
     (``lora_r``, ``lora_alpha``, ``lora_target_modules``), ``gradient_checkpointing`` and the
-    sampling settings (``generation_batch_size`` as ``max_batch_size``)."""
+    sampling settings (``generation_batch_size`` as ``max_batch_size``, ``sample_dtype``)."""
     return dict(
         r=args.lora_r,
         alpha=args.lora_alpha,
@@ -576,6 +599,7 @@ def team_options(args: Any) -> dict[str, Any]:
         top_p=args.top_p,
         top_k=args.top_k,
         max_batch_size=args.generation_batch_size,
+        sample_dtype=getattr(args, "sample_dtype", None),
     )
 
 

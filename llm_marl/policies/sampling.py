@@ -152,11 +152,13 @@ def decode(
     pad_token_id: int,
     draw_token: Callable[..., torch.Tensor],
     routes: Sequence[str] | None = None,
+    on_step: Callable[[torch.Tensor, torch.Tensor], None] | None = None,
 ) -> list[list[int]]:
     """The KV-cached sampling loop over left-padded prompts; returns ``num_samples`` rows of drawn
     token ids per prompt (prompt by prompt, its rows adjacent), padded with ``pad_token_id``
     after a row's eos. ``draw_token(logits, ban_eos=...)`` picks each step's tokens; ``routes``
-    gives each prompt's route, kept by its rows."""
+    gives each prompt's route, kept by its rows; ``on_step(logits, token)``, if given, sees each
+    step's logits and drawn tokens (e.g. to record the sampler's own log-probs)."""
     logits, cache = prefill(runner, input_ids, attention_mask, num_samples, room, routes)
     row_routes = _repeat_routes(routes, num_samples)
     rows = input_ids.shape[0] * num_samples
@@ -167,6 +169,8 @@ def decode(
     drawn = []
     for step in range(max_new_tokens):
         token = draw_token(logits, ban_eos=step < min_new_tokens)
+        if on_step is not None:
+            on_step(logits, token)
         token = token.masked_fill(finished, pad_token_id)
         drawn.append(token)
         finished |= torch.isin(token, eos)
