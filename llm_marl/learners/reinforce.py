@@ -245,11 +245,11 @@ class MAGRPOTrainer:
             mirrors=self._mirrors(),
         )
         batches = self._batches()
-        total = args.num_train_epochs * len(batches)
+        total = self._num_epochs() * len(batches)
         progress = _progress(total, self.state.epoch * len(batches) + self.state.batch_in_epoch, args.progress_bar)
         stop = StopRequests(checkpoints=self._closing_checkpoint() and self.dist.is_main).__enter__()
         try:
-            while self.state.epoch < args.num_train_epochs and not self._reached_max_steps():
+            while self.state.epoch < self._num_epochs() and not self._reached_max_steps():
                 b = self.state.batch_in_epoch
                 steps_before = self.state.global_step
                 if b == len(batches):  # train() again after the epoch's closing update raised
@@ -277,6 +277,11 @@ class MAGRPOTrainer:
             progress.close()
             self.logger.close()
         return self.state
+
+    def _num_epochs(self) -> int:
+        """Passes over the train dataset that train() makes: ``num_train_epochs`` (the iterative
+        preference learners: their rounds)."""
+        return self.args.num_train_epochs
 
     def _mirrors(self) -> list[Any]:
         return [self.wandb] if self.wandb is not None else []
