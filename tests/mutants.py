@@ -363,8 +363,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "LM critic reads the value one token early",
         "llm_marl/policies/lm_critic.py",
-        "hidden = self.model(**inputs).hidden_states[-1][:, -1]",
-        "hidden = self.model(**inputs).hidden_states[-1][:, -2]",
+        "hidden = self.runner.forward(inputs, self._routes(len(rows))).hidden_states[-1][:, -1]",
+        "hidden = self.runner.forward(inputs, self._routes(len(rows))).hidden_states[-1][:, -2]",
         ("tests/test_lm_critic.py::test_state_value_is_read_at_the_last_prompt_token",),
     ),
     Mutant(
@@ -437,6 +437,49 @@ MUTANTS: list[Mutant] = [
         "    if args.output_dir is None:\n        name =",
         "    if False:\n        name =",
         ("tests/test_comlrl_compat.py::test_no_output_dir_gets_a_named_default_run_directory",),
+    ),
+    # --- where features meet (issue 22) -------------------------------------------------------------
+    Mutant(
+        "a checkpointed layer recomputes without the routing of its own forward",
+        "llm_marl/policies/lora_team.py",
+        'options = {"use_reentrant": False, "context_fn": self.runner.checkpoint_contexts}',
+        'options = {"use_reentrant": False}',
+        ("tests/test_lora_team.py::test_gradient_checkpointing_with_chunked_scoring_gives_the_gradients_of_one_pass",),
+    ),
+    Mutant(
+        "a team's critic reads through peft's active adapter (agent 0's)",
+        "llm_marl/policies/adapter_critic.py",
+        "    def _routes(self, rows: int) -> list[str]:\n        return [self.adapter] * rows",
+        "    def _routes(self, rows: int) -> list[str]:\n        return [self.team.agents[0]] * rows",
+        ("tests/test_team_critics.py",),
+    ),
+    Mutant(
+        "a separate critic of a team copies the whole model",
+        "llm_marl/policies/lm_critic.py",
+        "        if isinstance(policy, AdapterPolicy):",
+        "        if False:",
+        ("tests/test_team_critics.py::test_separate_critics_are_value_adapters_on_the_same_base",),
+    ),
+    Mutant(
+        "value heads ignore the trainer's seed",
+        "llm_marl/policies/lm_critic.py",
+        "ValueHead(hidden_size_of(model), num_outputs, hidden_dim, seed=seed)",
+        "ValueHead(hidden_size_of(model), num_outputs, hidden_dim)",
+        ("tests/test_lm_critic.py::test_value_heads_follow_the_trainer_seed_not_the_global_rng",),
+    ),
+    Mutant(
+        "an identical checkpoint counts as a conflict",
+        "llm_marl/learners/checkpoint.py",
+        "    if files[0] != files[1]:\n        return False",
+        "    if True:\n        return False",
+        ("tests/test_run_folder.py::test_resuming_a_finished_run_re_saves_its_last_checkpoint_without_a_copy",),
+    ),
+    Mutant(
+        "a drop-in run writes its closing checkpoint unasked",
+        "llm_marl/learners/reinforce.py",
+        "return self.args.output_dir is not None and self.args.save_final_checkpoint is not False",
+        "return self.args.output_dir is not None",
+        ("tests/test_unasked_weights.py",),
     ),
 ]
 
