@@ -22,6 +22,8 @@ _HOMES = {
         "MAACConfig",
         "MAACTrainer",
         "MADPOConfig",
+        "MADPOIterConfig",
+        "MADPOIterTrainer",
         "MADPOTrainer",
         "MAGRPOConfig",
         "MAGRPOTrainer",
@@ -32,6 +34,8 @@ _HOMES = {
         "MAReMaxConfig",
         "MAReMaxTrainer",
         "MARLHFConfig",
+        "MARLHFIterConfig",
+        "MARLHFIterTrainer",
         "MARLHFTrainer",
     ),
     "llm_marl.policies": (

@@ -223,3 +223,13 @@ def test_centralized_magrpo_with_comlrl_keywords_splits_the_joint_answer_for_the
     with pytest.raises(ValueError, match="exactly one actor model; agents= lists 2"):
         CentralizedMAGRPOTrainer(centralized_adapter=TaggedCentralizedComparatorAdapter(), agents=[tiny_model, tiny_model], reward_func=reward,
                                  train_dataset=Dataset.from_list([{"topic": "x"}]), args=args)
+
+
+def test_iterative_configs_have_comlrl_defaults():
+    from llm_marl.comlrl.trainers.preference import MADPOIterConfig, MARLHFIterConfig
+
+    madpo = MADPOIterConfig()
+    assert (madpo.num_iterations, madpo.num_train_epochs, madpo.preference_num_candidates, madpo.preference_pairs_per_sample) == (6, 1, 20, 4)
+    assert madpo.pair_selection == "comparator_reward" and madpo.preference_replay_mode == "current" and madpo.dpo_reference is False
+    marlhf = MARLHFIterConfig()
+    assert (marlhf.num_train_epochs, marlhf.reward_num_train_epochs, marlhf.preference_scoring_reward) == (2, 2, "task")

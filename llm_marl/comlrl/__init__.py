@@ -29,8 +29,11 @@ What is here:
   ``utils.formatters``, ``utils.reward_utils``; ``runtime.configure_job_cuda_cache``;
   ``trainers.reinforce.centralized_magrpo`` (``CentralizedMAGRPOConfig`` / ``CentralizedMAGRPOTrainer``).
 
-Not here: CoMLRL's iterative preference trainers, centralized MADPO/MARLHF, and its other
-internal helpers.
+- ``trainers.preference.iterative``: ``MADPOIterConfig`` / ``MADPOIterTrainer``,
+  ``MARLHFIterConfig`` / ``MARLHFIterTrainer`` (the "current" comparator only).
+
+Not here: centralized MADPO/MARLHF, the iterative learners' other comparators, and CoMLRL's
+other internal helpers.
 
 The classes are thin adapters over :mod:`llm_marl.learners`; the behaviour that deliberately
 differs from CoMLRL (every answer token scored, ``discount`` honoured, ``joint_mode="crossed"``

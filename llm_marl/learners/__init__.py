@@ -13,6 +13,7 @@ __all__, __getattr__, __dir__ = _lazy_exports(
         "llm_marl.learners.actor_critic_config": ("IACConfig", "MAACConfig"),
         "llm_marl.learners.centralized": ("CentralizedMAGRPOConfig", "CentralizedMAGRPOTrainer"),
         "llm_marl.learners.preference": ("MADPOConfig", "MADPOTrainer"),
+        "llm_marl.learners.preference_iter": ("MADPOIterConfig", "MADPOIterTrainer", "MARLHFIterConfig", "MARLHFIterTrainer"),
         "llm_marl.learners.reward_model": ("JointRewardModel", "MARLHFConfig", "MARLHFTrainer"),
         "llm_marl.learners.config": ("MAGRPOConfig", "MAREINFORCEConfig", "MARLOOConfig", "MAReMaxConfig"),
         "llm_marl.learners.reinforce": ("MAGRPOTrainer", "MAREINFORCETrainer", "MARLOOTrainer", "MAReMaxTrainer"),

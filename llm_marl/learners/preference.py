@@ -82,7 +82,7 @@ class MADPOConfig(MAGRPOConfig):
         _at_least(self, "preference_num_candidates", 2)
         if self.preference_pairs_per_sample is not None:
             _at_least(self, "preference_pairs_per_sample", 1)
-        _one_of(self, "pair_selection", pm.PAIR_SELECTIONS)
+        _one_of(self, "pair_selection", self._pair_selections())
         if self.pair_selection == "all" and self.preference_pairs_per_sample is not None:
             raise ValueError("preference_pairs_per_sample must be None when pair_selection='all' (every pair is kept)")
         _positive(self, "dpo_beta")
@@ -91,6 +91,9 @@ class MADPOConfig(MAGRPOConfig):
             raise ValueError("collaboration_mode='centralized' is not built yet; use 'decentralized' (one policy per agent)")
         _at_least(self, "environment_steps_per_pair", 1)
         self._check_reference_kl()
+
+    def _pair_selections(self) -> tuple[str, ...]:
+        return pm.PAIR_SELECTIONS
 
     def _check_reference_kl(self) -> None:
         if self.reference_kl_enabled:
@@ -143,11 +146,15 @@ class MADPOTrainer(MAGRPOTrainer):
     def _collect(self, indices: list[int]) -> tuple[list[RolloutNode], list[Sample], float]:
         """The batch's one-turn trees with ``preference_num_candidates`` answers per agent."""
         saved = self.args.num_generations
-        self.args.num_generations = self.args.preference_num_candidates
+        self.args.num_generations = self._candidates()
         try:
             return super()._collect(indices)
         finally:
             self.args.num_generations = saved
+
+    def _candidates(self) -> int:
+        """Answers per agent per item: ``preference_num_candidates``."""
+        return self.args.preference_num_candidates
 
     def _pair_rng(self, node: RolloutNode) -> random.Random:
         """The private random source of pair_selection="random" for one item of this epoch."""

@@ -113,3 +113,79 @@ def net_preferences(num_candidates: int, pairs: Sequence[tuple[int, int]]) -> li
         counts[winner] += 1.0
         counts[loser] -= 1.0
     return [c / len(pairs) for c in counts] if pairs else counts
+
+
+def select_comparison_pairs(
+    current: Sequence[float], comparator: Sequence[float], mode: str = "comparator_reward", limit: int | None = None,
+    rng: random.Random | None = None,
+) -> list[tuple[tuple[str, int], tuple[str, int]]]:
+    """The iterative learners' pairs: current candidate k against comparator candidate k.
+
+    Each k < min(len(current), len(comparator)) whose rewards differ gives one pair
+    ``((source, k), (source, k))``, winner first, sources ``"current"`` / ``"comparator"``.
+    Order: ``"comparator_reward"``: highest comparator reward first, then largest gap;
+    ``"reward_gap"``: largest gap first; ``"all"``: by k (``limit`` must be None); ``"random"``:
+    drawn from ``rng``. Then at most ``limit`` pairs.
+    """
+    modes = PAIR_SELECTIONS + ("comparator_reward",)
+    if mode not in modes:
+        raise ValueError(f"pair_selection must be one of {', '.join(map(repr, modes))}; got {mode!r}")
+    if mode == "all" and limit is not None:
+        raise ValueError("preference_pairs_per_sample must be None when pair_selection='all'")
+    found = []
+    for k in range(min(len(current), len(comparator))):
+        mine, theirs = float(current[k]), float(comparator[k])
+        if not (math.isfinite(mine) and math.isfinite(theirs)):
+            raise ValueError(f"candidate {k}: rewards {mine}, {theirs} are not both finite numbers")
+        if mine != theirs:
+            first, second = (("current", k), ("comparator", k)) if mine > theirs else (("comparator", k), ("current", k))
+            found.append((abs(mine - theirs), theirs, k, first, second))
+    if mode == "comparator_reward":
+        found.sort(key=lambda p: (-p[1], -p[0]))
+    elif mode == "reward_gap":
+        found.sort(key=lambda p: -p[0])
+    elif mode == "random":
+        if rng is None:
+            raise ValueError("pair_selection='random' needs an rng")
+        rng.shuffle(found)
+    if limit is not None:
+        found = found[:limit]
+    return [(w, l) for _, _, _, w, l in found]
+
+
+REPLAY_MODES = ("current", "nearest_k", "all_history", "lambda_decay")
+
+
+def lambda_decay_weights(count: int, lam: float) -> list[float]:
+    """Replay weights of ``count`` rounds, oldest first: proportional to (1 − λ)·λ^age (age 0 the
+    newest), normalized to sum 1; λ = 1 weighs every round equally."""
+    if count < 1:
+        return []
+    if lam == 1.0:
+        return [1.0 / count] * count
+    newest_first = [(1.0 - lam) * lam**age for age in range(count)]
+    total = sum(newest_first)
+    if total <= 0:
+        newest_first, total = [1.0] + [0.0] * (count - 1), 1.0
+    return [w / total for w in reversed(newest_first)]
+
+
+def replay_sample(sizes: Sequence[int], sample_size: int, rng: random.Random, weights: Sequence[float] | None = None) -> list[tuple[int, int]]:
+    """``sample_size`` (round, pair) indices from rounds of ``sizes`` pairs: each draw picks a
+    non-empty round with probability ∝ its weight (1 each by default); within a round, pairs are
+    taken without replacement while they last, then with replacement. Returned shuffled."""
+    eligible = [r for r, n in enumerate(sizes) if n > 0]
+    if sample_size <= 0 or not eligible:
+        return []
+    chosen_weights = [float(weights[r]) if weights is not None else 1.0 for r in eligible]
+    counts = {r: 0 for r in eligible}
+    for r in rng.choices(eligible, weights=chosen_weights, k=sample_size):
+        counts[r] += 1
+    picked = []
+    for r, count in counts.items():
+        if count <= sizes[r]:
+            picked += [(r, i) for i in rng.sample(range(sizes[r]), count)]
+        else:
+            picked += [(r, i) for i in range(sizes[r])] + [(r, rng.randrange(sizes[r])) for _ in range(count - sizes[r])]
+    rng.shuffle(picked)
+    return picked

@@ -280,25 +280,34 @@ class MARLHFTrainer(MAGRPOTrainer):
 
     # --- phase 1: preference pairs -> reward model ---------------------------------------------
 
-    def preference_pairs(self) -> list[tuple[str, str]]:
+    def preference_pairs(self, round_: int = 0) -> list[tuple[str, str]]:
         """(winner text, loser text) of every train item, from ``preference_num_candidates``
-        answers per agent scored with the env's reward (as MADPO chooses its pairs)."""
+        answers per agent scored with the env's reward (as MADPO chooses its pairs); ``round_``
+        keys the random streams (the iterative learner's round)."""
         args = self.args
         saved = args.num_generations
-        args.num_generations = args.preference_num_candidates
+        args.num_generations = self._collection_candidates()
         try:
             texts: list[tuple[str, str]] = []
             n = _num_items(self.env)
             for start in range(0, n, args.items_per_step):
                 indices = list(range(start, min(start + args.items_per_step, n)))
-                roots = collect_trees(self.env, self.policies, indices, args, seed=derive_seed(args.seed, "preference_data"))
+                roots = collect_trees(self.env, self.policies, indices, args, seed=derive_seed(args.seed, "preference_data", *([round_] if round_ else [])))
                 for node in iter_nodes(roots):
-                    rng = random.Random(derive_seed(args.seed, "preference_pairs", node.index))
-                    for w, l in select_pairs(node.rewards, args.pair_selection, args.preference_pairs_per_sample, rng):
+                    rng = random.Random(derive_seed(args.seed, "preference_pairs", *([round_] if round_ else []), node.index))
+                    for w, l in self._item_pairs(node, rng):
                         texts.append((self._joint_text(node, w), self._joint_text(node, l)))
         finally:
             args.num_generations = saved
         return texts
+
+    def _collection_candidates(self) -> int:
+        return self.args.preference_num_candidates
+
+    def _item_pairs(self, node: RolloutNode, rng: random.Random) -> list[tuple[int, int]]:
+        """(winner, loser) joint-action indices of one item's candidates."""
+        args = self.args
+        return select_pairs(node.rewards, args.pair_selection, args.preference_pairs_per_sample, rng)
 
     def _joint_text(self, node: RolloutNode, j: int) -> str:
         answers = [node.completions[a][node.joint[j][p]].text for p, a in enumerate(self.agents)]

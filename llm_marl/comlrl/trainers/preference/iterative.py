@@ -1,0 +1,69 @@
+"""CoMLRL's ``comlrl.trainers.preference.iterative``: MADPOIter and MARLHFIter on
+:mod:`llm_marl.learners.preference_iter` (only ``comparator_policy="current"`` is built;
+docs/preference.md lists the differences)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from llm_marl.comlrl.trainers.preference.centralized import check_adapter
+from llm_marl.learners import preference_iter as _iter
+from llm_marl.learners.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
+
+
+@dataclass
+class MADPOIterConfig(_iter.MADPOIterConfig):
+    """:class:`llm_marl.learners.preference_iter.MADPOIterConfig` with CoMLRL's defaults."""
+
+    weight_decay: float = ADAMW_DEFAULT_WEIGHT_DECAY
+    """AdamW weight decay; CoMLRL's optimizer is torch AdamW with its default (0.01)."""
+    dpo_reference: bool = False
+    """CoMLRL 1.4.3's margin is reference-free (log pi(w) - log pi(l)); True: against a frozen copy."""
+
+    def __post_init__(self) -> None:
+        normalize_comlrl_fields(self)
+        super().__post_init__()
+
+
+@dataclass
+class MARLHFIterConfig(_iter.MARLHFIterConfig):
+    """:class:`llm_marl.learners.preference_iter.MARLHFIterConfig` with CoMLRL's optimizer default."""
+
+    weight_decay: float = ADAMW_DEFAULT_WEIGHT_DECAY
+    """AdamW weight decay; CoMLRL's optimizers are torch AdamW with its default (0.01)."""
+    dpo_reference: bool = False
+    """Unused by MARLHF (pairs train the reward model); False as in CoMLRL's MADPO."""
+
+    def __post_init__(self) -> None:
+        normalize_comlrl_fields(self)
+        super().__post_init__()
+
+
+class MADPOIterTrainer(CoMLRLTrain, _iter.MADPOIterTrainer):
+    """:class:`llm_marl.learners.preference_iter.MADPOIterTrainer` with CoMLRL's keywords and ``train()``."""
+
+    config_class = MADPOIterConfig
+
+    def __init__(self, *args: Any, centralized_comparator_adapter: Any = None, **kwargs: Any):
+        self.centralized_comparator_adapter = check_adapter(centralized_comparator_adapter)
+        super().__init__(*args, **kwargs)
+
+
+class MARLHFIterTrainer(CoMLRLTrain, _iter.MARLHFIterTrainer):
+    """:class:`llm_marl.learners.preference_iter.MARLHFIterTrainer` with CoMLRL's keywords and
+    ``train()``; ``critic_model`` / ``critics`` (the actor-critic RL phase) are not built here."""
+
+    config_class = MARLHFIterConfig
+
+    def __init__(self, *args: Any, centralized_comparator_adapter: Any = None, metrics_callback: Any = None,
+                 critic_model: Any = None, critics: Any = None, **kwargs: Any):
+        given = [name for name, value in (("critic_model", critic_model), ("critics", critics)) if value is not None]
+        if given:
+            raise ValueError(f"{', '.join(given)}: MARLHF's actor-critic RL phase (rl_algorithm 'iac'/'maac') is not built here")
+        self.centralized_comparator_adapter = check_adapter(centralized_comparator_adapter)
+        self.metrics_callback = metrics_callback
+        super().__init__(*args, **kwargs)
+
+
+__all__ = ["MADPOIterConfig", "MADPOIterTrainer", "MARLHFIterConfig", "MARLHFIterTrainer"]
