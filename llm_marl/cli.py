@@ -128,7 +128,7 @@ MAIN_RUN: dict[str, Any] = {
     "temperature": 0.7,
     "top_p": 0.9,
     "top_k": None,
-    "agent_learning_rate": 1e-3,
+    "agent_learning_rate": 2e-3,
     "early_termination_threshold": None,
     "reference_kl_enabled": False,
     "eval_interval": 0,
@@ -536,7 +536,18 @@ def named_as(folder: str) -> str:
     return folder
 
 
-def _samples(trainer: Any, count: int = 2) -> list[dict[str, str]]:
+def _sample_prompts(trainer: Any, count: int = 3) -> list[str]:
+    """The first ``count`` eval prompts (the first agent's, with the others' where they differ)."""
+    env = trainer.eval_env or trainer.env
+    prompts = []
+    for index in range(min(count, len(getattr(env, "data", [0])))):
+        observations, _ = env.fork().reset(options={"index": index})
+        texts = list(dict.fromkeys(str(observations[agent]) for agent in trainer.agents))
+        prompts.append(" | ".join(texts))
+    return prompts
+
+
+def _samples(trainer: Any, count: int = 3) -> list[dict[str, str]]:
     """One answer per agent to the first ``count`` eval prompts (for the summary)."""
     env = trainer.eval_env or trainer.env
     shown = []
@@ -651,6 +662,7 @@ def train_and_summarize(trainer: Any, options: dict[str, Any], resume: str | boo
         "skipped_items": state.skipped_items,
         "eval_before": before,
         "eval_after": after,
+        "sample_prompts": _sample_prompts(trainer) if samples_before is not None else None,
         "samples_before": samples_before,
         "samples_after": _samples(trainer),
     }
@@ -671,10 +683,14 @@ def format_summary(summary: dict[str, Any]) -> str:
         b = f"{before[name]:.4f}" if name in before else "-"
         a = f"{after[name]:.4f}" if name in after else "-"
         lines.append(f"{name:<{width}}  {b:>10}  {a:>10}")
-    for label in ("samples_before", "samples_after"):
-        for i, entry in enumerate(summary.get(label) or []):
-            for agent, text in entry.items():
-                lines.append(f"{label.replace('_', ' ')} [eval item {i}] {agent}: {text[:160]!r}")
+    before_samples, after_samples = summary.get("samples_before") or [], summary.get("samples_after") or []
+    prompts = summary.get("sample_prompts") or []
+    for i in range(max(len(before_samples), len(after_samples))):
+        if i < len(prompts):
+            lines.append(f"eval item {i}: {prompts[i][-200:]!r}")
+        for label, entries in (("before", before_samples), ("after", after_samples)):
+            for agent, text in (entries[i] if i < len(entries) else {}).items():
+                lines.append(f"  {label:<6} {agent}: {text[:160]!r}")
     return "\n".join(lines)
 
 

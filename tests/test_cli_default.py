@@ -79,3 +79,22 @@ def test_a_team_from_the_cli_gets_the_chat_template_and_system_prompt(tmp_path, 
         assert policy.uses_chat_template and policy.system_prompt == "Answer in one word."
         [prompt] = policy.encode_prompts(["Name one fruit."])
         assert tokenizer.decode(prompt).startswith("<|im_start|>system\nAnswer in one word.<|im_end|>")
+
+
+def test_the_summary_shows_each_eval_prompt_with_its_answers_before_and_after():
+    summary = {
+        "batches": 30, "optimizer_steps": 30, "seconds": 300.0,
+        "eval_before": {"eval/turn_1/reward_mean": 0.02}, "eval_after": {"eval/turn_1/reward_mean": 0.21},
+        "sample_prompts": ["Which fruit comes to mind first?"],
+        "samples_before": [{"player_1": "The fruit I'd choose would be the banana", "player_2": "Mango."}],
+        "samples_after": [{"player_1": "Apple.", "player_2": "Apple."}],
+    }
+    lines = cli.format_summary(summary).splitlines()
+    assert "eval/turn_1/reward_mean      0.0200      0.2100" in lines
+    at = lines.index("eval item 0: 'Which fruit comes to mind first?'")
+    assert lines[at + 1 : at + 5] == [
+        "  before player_1: \"The fruit I'd choose would be the banana\"",
+        "  before player_2: 'Mango.'",
+        "  after  player_1: 'Apple.'",
+        "  after  player_2: 'Apple.'",
+    ]
