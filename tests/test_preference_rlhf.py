@@ -167,3 +167,52 @@ def test_no_preference_pair_is_an_error_naming_the_cause():
                             args=MARLHFConfig(num_train_epochs=1, preference_num_candidates=3, eval_interval=0, progress_bar=False))
     with pytest.raises(ValueError, match="gave no preference pair"):
         trainer.train()
+
+
+# --- the actor-critic RL phase ------------------------------------------------------------------
+
+
+def test_rl_algorithm_iac_trains_critics_on_the_reward_models_scores():
+    from llm_marl.learners.actor_critic import ACSample, IACTrainer, MAACTrainer
+
+    env = DialogueEnv(MatrixGame(PAYOFF, name="AdditiveGame"))
+    args = MARLHFConfig(rl_algorithm="iac", num_train_epochs=1, preference_num_candidates=6, preference_pairs_per_sample=None, pair_selection="all",
+                        reward_learning_rate=0.05, reward_num_train_epochs=5, num_generations=3, eval_interval=0, progress_bar=False, seed=1)
+    trainer = MARLHFTrainer(env=env, policies=[TabularPolicy(MENU), TabularPolicy(MENU)], args=args)
+    assert isinstance(trainer, MARLHFTrainer) and isinstance(trainer, IACTrainer) and not isinstance(trainer, MAACTrainer)
+    assert trainer.args.rl_algorithm == "iac" and trainer.args.num_generations == 3 and sorted(trainer.critics) == ["column", "row"]
+    assert {"critic_0", "critic_1", "reward_model", "reward_phase"} <= set(trainer.checkpoint_extras())
+    central = MARLHFTrainer(env=env, policies=[TabularPolicy(MENU), TabularPolicy(MENU)],
+                            args=MARLHFConfig(**{**args.to_dict(), "rl_algorithm": "maac"}))
+    assert isinstance(central, MAACTrainer) and list(central.critics) == ["critic"]
+    trainer._learn_reward_model()
+    roots, samples, _ = trainer._collect([0])
+    [node] = roots
+    scores = trainer.reward_model_scores([node])[0]
+    assert all(isinstance(s, ACSample) for s in samples) and len(samples) == 2
+    for sample in samples:
+        assert sample.rewards == pytest.approx(scores)  # the critic's targets come from the model's scores
+    truth = [PAYOFF[MENU.index(node.completions["row"][j].text)][MENU.index(node.completions["column"][j].text)] for j in range(3)]
+    assert node.rewards == truth  # the tree keeps the env's reward
+
+
+@pytest.mark.parametrize("algorithm", ["iac", "maac"])
+def test_actor_critic_rl_phase_beats_a_shuffled_label_control(algorithm):
+    overrides = dict(rl_algorithm=algorithm, num_train_epochs=30, critic_learning_rate=0.3)
+    real = [true_reward(additive_marlhf(seed, **overrides)) for seed in range(3)]
+    control = [true_reward(additive_marlhf(seed, shuffled=True, **overrides)) for seed in range(3)]
+    print(f"MARLHF {algorithm}: E[true reward] real {real}, shuffled labels {control}")
+    assert all(r > c for r, c in zip(real, control)) and sum(real) / 3 > sum(control) / 3 + 1.0
+
+
+def test_resume_is_exact_with_an_iac_rl_phase(tmp_path):
+    full = colour_marlhf(tmp_path / "full", rl_algorithm="iac", critic_learning_rate=0.1)
+    full.train()
+    first = colour_marlhf(tmp_path / "split", rl_algorithm="iac", critic_learning_rate=0.1, max_steps=3)
+    first.train()
+    resumed = colour_marlhf(tmp_path / "split", rl_algorithm="iac", critic_learning_rate=0.1)
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == full.state.global_step > first.state.global_step
+    for agent in full.agents:
+        assert torch.equal(full.policies[agent].logits, resumed.policies[agent].logits), agent
+        assert torch.equal(full.critics[agent].table, resumed.critics[agent].table), agent

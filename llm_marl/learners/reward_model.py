@@ -7,8 +7,9 @@ and a :class:`JointRewardModel` over the joint answer's text
 (:func:`~llm_marl.policies.critic.joint_observation` with the answers) is fit to the pairs with
 the Bradley–Terry loss −log σ(s(w) − s(l)) for ``reward_num_train_epochs`` epochs.
 
-Phase 2: the REINFORCE loop of the configured ``rl_algorithm`` (MAGRPO, MAREINFORCE, MARLOO,
-MAReMax), with ``num_generations`` answers per agent; every joint action's reward is the reward
+Phase 2: the loop of the configured ``rl_algorithm`` (MAGRPO, MAREINFORCE, MARLOO, MAReMax;
+or IAC / MAAC, whose critics are then trained on the model's scores: :func:`actor_critic_form`),
+with ``num_generations`` answers per agent; every joint action's reward is the reward
 model's score instead of the env's. The env's reward is still what is logged as
 ``train/turn_1/reward_mean`` and what evaluation measures; the score is logged as
 ``train/reward_model/score_mean``.
@@ -20,6 +21,7 @@ continues phase 2 exactly without refitting.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import random
 import zlib
@@ -142,7 +144,7 @@ class MARLHFConfig(MADPOConfig):
 
     # --- the RL phase ---
     rl_algorithm: str = "magrpo"
-    """RL against the reward model: "magrpo", "mareinforce", "marloo" or "maremax" (sets advantage_mode); "iac"/"maac" are not built here yet."""
+    """RL against the reward model: "magrpo", "mareinforce", "marloo", "maremax" (sets advantage_mode), "iac" or "maac"."""
     num_generations: int = 4
     """K: answers per agent per item in the RL phase (>= 2)."""
 
@@ -162,25 +164,25 @@ class MARLHFConfig(MADPOConfig):
     reward_freeze_backbone: bool = False
     """Train only the reward model's scalar head."""
 
-    # --- CoMLRL's actor-critic fields (for rl_algorithm "iac"/"maac", not built here yet) ---
+    # --- the actor-critic RL phase (rl_algorithm "iac"/"maac"; docs/actor_critic.md) ---
     critic_model_name: str | None = None
-    """Accepted for CoMLRL scripts; unused until rl_algorithm "iac"/"maac" is built."""
+    """iac/maac: the critics' model id or path (drop-in constructor); None: as IAC/MAAC choose (a copy of each actor's model, or a TabularCritic)."""
     critic_learning_rate: float | None = None
-    """Accepted for CoMLRL scripts; unused until rl_algorithm "iac"/"maac" is built."""
+    """iac/maac: AdamW rate of the critics; None: agent_learning_rate."""
     critic_devices: Sequence[str] | str | None = None
-    """Accepted for CoMLRL scripts; unused until rl_algorithm "iac"/"maac" is built."""
+    """iac/maac: device of each critic (one string: the same for all); default: its agent's device."""
     use_separate_critic: bool = True
-    """Accepted for CoMLRL scripts; unused until rl_algorithm "iac"/"maac" is built."""
+    """iac: True: each critic is its own model; False: a value head on the agent's own model."""
     critic_type: str = "v"
-    """Accepted for CoMLRL scripts; unused until rl_algorithm "iac"/"maac" is built."""
+    """iac/maac: "v" (state values) or "q" (action values)."""
     value_loss_coef: float = 0.6
-    """Accepted for CoMLRL scripts; unused until rl_algorithm "iac"/"maac" is built."""
+    """iac/maac: weight of the value loss."""
     value_clip_range: float | None = 0.2
-    """Accepted for CoMLRL scripts; unused until rl_algorithm "iac"/"maac" is built."""
+    """iac/maac: PPO-style value clipping range; None disables."""
     critic_value_head_hidden_dim: int | None = None
-    """Accepted for CoMLRL scripts; unused until rl_algorithm "iac"/"maac" is built."""
+    """iac/maac: hidden width of a separate critic's value head; None: one linear layer."""
     value_head_hidden_dim: int | None = None
-    """Accepted for CoMLRL scripts; unused until rl_algorithm "iac"/"maac" is built."""
+    """iac: hidden width of a shared (on-actor) value head; None: one linear layer."""
 
     def normalize(self) -> None:
         """As :meth:`MAGRPOConfig.normalize`; "mareforce" -> "mareinforce" (CoMLRL's alias), and
@@ -194,9 +196,7 @@ class MARLHFConfig(MADPOConfig):
 
     def validate(self) -> None:
         super().validate()
-        if self.rl_algorithm in ACTOR_CRITIC_ALGORITHMS:
-            raise ValueError(f"rl_algorithm={self.rl_algorithm!r} is not built yet; use one of {', '.join(map(repr, RL_ALGORITHMS))}")
-        _one_of(self, "rl_algorithm", tuple(RL_ALGORITHMS))
+        _one_of(self, "rl_algorithm", tuple(RL_ALGORITHMS) + ACTOR_CRITIC_ALGORITHMS)
         _positive(self, "reward_learning_rate")
         _at_least(self, "reward_num_train_epochs", 1)
         _at_least(self, "reward_train_batch_size", 1)
@@ -228,6 +228,15 @@ class MARLHFTrainer(MAGRPOTrainer):
     """
 
     config_class = MARLHFConfig
+
+    def __new__(cls, *positional: Any, **keywords: Any) -> "MARLHFTrainer":
+        """An instance of the actor-critic form of ``cls`` (:func:`actor_critic_form`) when
+        ``args.rl_algorithm`` is "iac" or "maac"."""
+        args = keywords.get("args", positional[2] if len(positional) > 2 else None)
+        algorithm = getattr(args, "rl_algorithm", None)
+        if algorithm in ACTOR_CRITIC_ALGORITHMS and not getattr(cls, "actor_critic", False):
+            cls = actor_critic_form(cls, algorithm)
+        return super().__new__(cls)
 
     def __init__(self, env: Any = None, policies: Any = None, args: MARLHFConfig | None = None, eval_env: Any = None, *,
                  reward_model: JointRewardModel | None = None, reward_optimizer: torch.optim.Optimizer | None = None, **kwargs: Any):
@@ -396,6 +405,44 @@ class MARLHFTrainer(MAGRPOTrainer):
         if flat:
             self._note("train/reward_model/score_mean", float(np.mean(flat)))
         return samples
+
+
+_FORMS: dict[tuple[type, str], type] = {}
+
+
+def actor_critic_form(trainer_class: type, algorithm: str) -> type:
+    """``trainer_class`` whose RL phase is IAC ("iac") or MAAC ("maac"): a subclass of it and of
+    :class:`~llm_marl.learners.actor_critic.IACTrainer` / ``MAACTrainer``, with a config class
+    that is both its config and IACConfig / MAACConfig (built from the given config's values)."""
+    key = (trainer_class, algorithm)
+    if key in _FORMS:
+        return _FORMS[key]
+    from llm_marl.learners.actor_critic import IACTrainer, MAACTrainer
+
+    learner = IACTrainer if algorithm == "iac" else MAACTrainer
+    short = learner.__name__[: -len("Trainer")]
+    config = dataclasses.dataclass(type(f"{trainer_class.config_class.__name__}{short}", (trainer_class.config_class, learner.config_class), {}))
+
+    def __init__(self: Any, env: Any = None, policies: Any = None, args: Any = None, eval_env: Any = None, **kwargs: Any) -> None:
+        if args is not None and not isinstance(args, config):
+            names = {f.name for f in dataclasses.fields(config)}
+            args = config(**{k: v for k, v in dataclasses.asdict(args).items() if k in names})
+        trainer_class.__init__(self, env, policies, args, eval_env, **kwargs)
+
+    def checkpoint_extras(self: Any) -> dict[str, Any]:
+        return {**learner.checkpoint_extras(self), **trainer_class.checkpoint_extras(self)}
+
+    def save_model(self: Any, output_dir: str) -> None:
+        learner.save_model(self, output_dir)
+        trainer_class.save_model(self, output_dir)
+
+    form = type(f"{trainer_class.__name__}{short}", (trainer_class, learner), {
+        "config_class": config, "actor_critic": True, "__init__": __init__, "checkpoint_extras": checkpoint_extras,
+        "save_model": save_model, "__doc__": f"{trainer_class.__name__} with {short} as its RL phase.",
+    })
+    form.__module__ = trainer_class.__module__
+    _FORMS[key] = form
+    return form
 
 
 def select_pairs(rewards: Sequence[float], mode: str, limit: int | None, rng: random.Random) -> list[tuple[int, int]]:

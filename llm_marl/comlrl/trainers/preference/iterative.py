@@ -52,18 +52,26 @@ class MADPOIterTrainer(CoMLRLTrain, _iter.MADPOIterTrainer):
 
 class MARLHFIterTrainer(CoMLRLTrain, _iter.MARLHFIterTrainer):
     """:class:`llm_marl.learners.preference_iter.MARLHFIterTrainer` with CoMLRL's keywords and
-    ``train()``; ``critic_model`` / ``critics`` (the actor-critic RL phase) are not built here."""
+    ``train()``; ``metrics_callback``, ``critic_model`` and ``critics`` go to the IAC / MAAC RL phase."""
 
     config_class = MARLHFIterConfig
 
     def __init__(self, *args: Any, centralized_comparator_adapter: Any = None, metrics_callback: Any = None,
                  critic_model: Any = None, critics: Any = None, **kwargs: Any):
-        given = [name for name, value in (("critic_model", critic_model), ("critics", critics)) if value is not None]
-        if given:
-            raise ValueError(f"{', '.join(given)}: MARLHF's actor-critic RL phase (rl_algorithm 'iac'/'maac') is not built here")
         self.centralized_comparator_adapter = check_adapter(centralized_comparator_adapter)
-        self.metrics_callback = metrics_callback
+        if getattr(self, "actor_critic", False):  # rl_algorithm "iac" / "maac": IAC's and MAAC's keywords
+            kwargs.update(metrics_callback=metrics_callback, critic_model=critic_model, critics=critics)
+        else:
+            given = [name for name, value in (("critic_model", critic_model), ("critics", critics)) if value is not None]
+            if given:
+                raise ValueError(f"{', '.join(given)}: critics belong to rl_algorithm 'iac' or 'maac' (got {self.args_algorithm(args, kwargs)!r})")
+            self.metrics_callback = metrics_callback
         super().__init__(*args, **kwargs)
+
+    @staticmethod
+    def args_algorithm(args: Any, kwargs: dict) -> Any:
+        config = kwargs.get("args", args[2] if len(args) > 2 else None)
+        return getattr(config, "rl_algorithm", None)
 
 
 __all__ = ["MADPOIterConfig", "MADPOIterTrainer", "MARLHFIterConfig", "MARLHFIterTrainer"]
