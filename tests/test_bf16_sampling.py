@@ -83,6 +83,19 @@ def test_tokens_are_drawn_from_the_bf16_weights():
     assert sampled(plain, 5) != sampled(reference, 5)  # the test can tell fp32 sampling apart
 
 
+def test_a_forward_wrapped_on_the_model_instance_does_not_lead_the_copy_back_to_fp32():
+    # Planted bug caught: keeping instance-level forwards in the copy (deepcopy shares the
+    # wrapper function, whose closure calls the fp32 model: fp32 sampling, silently).
+    model, tokenizer = load_tiny()
+    reference = CausalLMPolicy(bf16_params_copy(model), tokenizer, **SETTINGS)
+    calls = []
+    inner = model.forward
+    model.forward = lambda *args, **kwargs: calls.append(1) or inner(*args, **kwargs)
+    bf16 = CausalLMPolicy(model, tokenizer, sample_dtype="bfloat16", **SETTINGS)
+    assert sampled(bf16, 5) == sampled(reference, 5)
+    assert not calls  # the fp32 model did not run while sampling
+
+
 def test_the_copy_is_refreshed_after_an_optimizer_step():
     # Planted bug caught: never refreshing (LowPrecisionShadow.current not copying changed weights).
     model, tokenizer = load_tiny()

@@ -108,6 +108,8 @@ class LowPrecisionShadow:
     parameters or their device rebuilds it. Parameters already in ``dtype`` are shared, not
     copied. Memory: the parameters' element count at ``dtype``'s size (half the fp32 weights for
     bfloat16). ``make_runner`` builds the :class:`ModelRunner` of the copy (again on rebuild).
+    A ``forward`` replaced on a source module's instance (e.g. a timing wrapper) is not carried
+    over: it would call the source module; the copy runs its class's ``forward``.
     """
 
     def __init__(self, model: Any, dtype: torch.dtype, make_runner: Any = None) -> None:
@@ -138,6 +140,12 @@ class LowPrecisionShadow:
             memo[id(parameter)] = twin
             pairs.append((parameter, twin))
         self.model = copy.deepcopy(self.source, memo)
+        for module in self.model.modules():
+            # A forward set on a source module's instance (a timer, a hook) is a function deepcopy
+            # shares, not copies: it would run the source's weights. The copy uses its class's.
+            own = module.__dict__.get("forward")
+            if own is not None and getattr(own, "__self__", None) is not module:
+                del module.__dict__["forward"]
         self.model.eval()
         self._pairs = pairs
         self._ids = [id(p) for p, _ in pairs]
