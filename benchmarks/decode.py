@@ -20,10 +20,22 @@ Per (dtype, rows):
   dtype reaches here; and the **achieved FLOP/s** of the step.
 
 Both floors are measured in the same run, with the same torch thread count (``--threads``,
-default 1, as ``throughput.py``). Usage::
+default 1, as ``throughput.py``).
 
-    python benchmarks/decode.py                           # fp32 and bf16, 4/8/16/32 rows
+Variants (``--dtypes``): ``float32`` and ``bfloat16`` (the model's weights in that dtype) and
+``bf16-sampling`` (an fp32 model sampled through ``CausalLMPolicy(sample_dtype="bfloat16")``: a
+bf16 copy decodes, the fp32 model scores; its floors are those of the bf16 weights). With
+``--mismatch`` the sampled tokens' log-probs under the sampler itself (recorded at every decode
+step, ``sampling.decode(on_step=)``, tempered and untruncated) are compared with the fp32
+scorer's (``token_log_probs``, what the loss uses): mean and largest |difference| per token. For
+``float32`` this is the kernel rounding between the incremental and the batched forward; the
+``bfloat16`` variant has no fp32 scorer and is not compared. ``--model PATH`` runs a saved model
+(e.g. the real SmolLM2-135M-Instruct under ``~/.cache/llm_marl/models/smollm2-135m``) with its
+own tokenizer and chat template, on pydoc prompts, instead of the random-weight shape. Usage::
+
+    python benchmarks/decode.py                           # fp32, bf16, bf16-sampling; 4/8/16/32 rows
     python benchmarks/decode.py --dtypes float32 --rows 4 --steps 8 --repeats 1   # seconds
+    python benchmarks/decode.py --dtypes float32 bf16-sampling --mismatch --model ~/.cache/llm_marl/models/smollm2-135m
 """
 
 from __future__ import annotations
@@ -36,7 +48,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from throughput import SMOLLM2_135M, SMALL, padded_tokenizer, smol_model  # noqa: E402
+from throughput import SMOLLM2_135M, SMALL, bench_prompts, padded_tokenizer, smol_model  # noqa: E402
 
 K = 4
 
@@ -100,6 +112,39 @@ def prompts_of(tokenizer, count: int, tokens: int, seed: int) -> list[str]:
     return ["".join(tokenizer.convert_ids_to_tokens([rng.randrange(1000, vocab) for _ in range(tokens)])) for _ in range(count)]
 
 
+def mismatch(policy, prompts: list[str], k: int, seed: int) -> dict:
+    """Mean and largest |sampler log-prob - fp32 scorer log-prob| over the sampled tokens of one
+    ``sample``-like call (the sampler's own log-probs recorded at every decode step)."""
+    import torch
+
+    from llm_marl.policies import sampling
+
+    recorded = []
+
+    def on_step(logits, token):
+        logp = torch.log_softmax(logits.float() / policy.temperature, dim=-1)
+        recorded.append(logp.gather(-1, token.unsqueeze(-1)).squeeze(-1))
+
+    torch.manual_seed(seed)
+    encoded = policy.encode_prompts(prompts)
+    with torch.inference_mode():
+        input_ids, attention_mask = policy._left_pad(encoded)
+        rows = sampling.decode(
+            policy._sampling_runner(), input_ids, attention_mask, k,
+            max_new_tokens=policy._max_new_tokens(input_ids.shape[1]), min_new_tokens=policy.min_new_tokens,
+            room=policy.max_new_tokens, eos_token_ids=policy.eos_token_ids, pad_token_id=policy.pad_token_id,
+            draw_token=policy._draw, on_step=on_step,
+        )
+    completions = policy._completions(rows)
+    observations = [p for p in prompts for _ in range(k)]
+    with torch.no_grad():
+        scored, mask = policy.token_log_probs(observations, completions)
+    sampler = torch.stack(recorded, dim=1)[:, : scored.shape[1]]
+    diff = (sampler - scored).abs()[mask]
+    return {"mean_abs_logprob_diff": float(diff.mean()), "max_abs_logprob_diff": float(diff.max()), "tokens": int(mask.sum()),
+            "mean_logprob": float(scored[mask].mean())}
+
+
 def run(opts) -> list[dict]:
     import torch
 
@@ -107,40 +152,56 @@ def run(opts) -> list[dict]:
     from llm_marl.policies.causal_lm import CausalLMPolicy
     from llm_marl.policies.tiny import build_tiny_model
 
-    folder = build_tiny_model(os.path.join(opts.model_dir, "small"), pretrain_steps=60, **SMALL)
-    tokenizer = padded_tokenizer(str(folder), SMOLLM2_135M["vocab_size"])
+    if opts.model:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(opts.model)
+    else:
+        folder = build_tiny_model(os.path.join(opts.model_dir, "small"), pretrain_steps=60, **SMALL)
+        tokenizer = padded_tokenizer(str(folder), SMOLLM2_135M["vocab_size"])
     results = []
-    for dtype_name in opts.dtypes:
-        dtype = getattr(torch, dtype_name)
-        model = smol_model(tokenizer, dtype_name)
-        size = weight_bytes(model)
+    for variant in opts.dtypes:
+        dtype_name = "float32" if variant == "bf16-sampling" else variant
+        sample_dtype = "bfloat16" if variant == "bf16-sampling" else None
+        if opts.model:
+            model = AutoModelForCausalLM.from_pretrained(opts.model, dtype=getattr(torch, dtype_name))
+        else:
+            model = smol_model(tokenizer, dtype_name)
+        floor_dtype = getattr(torch, sample_dtype or dtype_name)
+        size = weight_bytes(model) * torch.empty(0, dtype=floor_dtype).element_size() // next(model.parameters()).element_size()
         stream = copy_seconds(size, opts.repeats)
-        peak = matmul_flops_per_second(dtype, opts.repeats)
-        print(f"# {dtype_name}: weights {size / 1e6:.0f} MB; a copy of that many bytes {stream * 1e3:.1f} ms "
+        peak = matmul_flops_per_second(floor_dtype, opts.repeats)
+        print(f"# {variant}: weights read per step {size / 1e6:.0f} MB; a copy of that many bytes {stream * 1e3:.1f} ms "
               f"({size / stream / 1e9:.1f} GB/s); 1024^3 matmul {peak / 1e9:.1f} GFLOP/s; threads {opts.threads}", flush=True)
         for rows in opts.rows:
-            prompts = prompts_of(tokenizer, max(1, rows // K), opts.prompt_tokens, seed=rows)
+            count = max(1, rows // K)
+            prompts = bench_prompts(count) if opts.model else prompts_of(tokenizer, count, opts.prompt_tokens, seed=rows)
             k = rows // len(prompts)
 
             def policy(steps):
                 return CausalLMPolicy(model, tokenizer, max_new_tokens=steps, min_new_tokens=steps, temperature=1.0,
-                                      top_p=None, top_k=None)
+                                      top_p=None, top_k=None, sample_dtype=sample_dtype)
 
             full, one = policy(opts.steps), policy(1)
             with torch.no_grad():
                 one.sample(prompts, k)  # warm-up
+                full._sampling_runner()  # builds its bf16 copy (bf16-sampling) outside the timing
                 t_one = fastest(lambda: one.sample(prompts, k), opts.repeats)
                 t_full = fastest(lambda: full.sample(prompts, k), opts.repeats)
             per_step = (t_full - t_one) / (opts.steps - 1)
             flops = step_flops(model, rows, opts.prompt_tokens + opts.steps / 2)
             row = {
-                "dtype": dtype_name, "rows": rows, "prompts": len(prompts), "k": k, "steps": opts.steps,
+                "dtype": variant, "rows": rows, "prompts": len(prompts), "k": k, "steps": opts.steps,
                 "ms_per_step": per_step * 1e3, "stream_floor_ms": stream * 1e3, "ratio_to_stream_floor": per_step / stream,
                 "compute_floor_ms": flops / peak * 1e3, "achieved_gflops": flops / per_step / 1e9, "peak_gflops": peak / 1e9,
                 "weight_mb": size / 1e6, "threads": opts.threads, "load1": os.getloadavg()[0],
             }
+            if opts.mismatch and variant != "bfloat16":
+                row.update(mismatch(full, prompts, k, seed=rows))
+                print(f"# {variant} rows {rows}: mean |sampler - fp32 scorer| log-prob {row['mean_abs_logprob_diff']:.2e} per token "
+                      f"(largest {row['max_abs_logprob_diff']:.2e}, {row['tokens']} tokens, mean log-prob {row['mean_logprob']:.2f})", flush=True)
             results.append(row)
-            print(f"{dtype_name:>9} rows {rows:>3} ({len(prompts)} x {k}) steps {opts.steps}: {row['ms_per_step']:7.1f} ms/step | "
+            print(f"{variant:>13} rows {rows:>3} ({len(prompts)} x {k}) steps {opts.steps}: {row['ms_per_step']:7.1f} ms/step | "
                   f"stream floor {row['stream_floor_ms']:6.1f} ms (x{row['ratio_to_stream_floor']:.2f}) | "
                   f"compute floor {row['compute_floor_ms']:6.1f} ms | achieved {row['achieved_gflops']:5.1f} of "
                   f"{row['peak_gflops']:.1f} GFLOP/s | load {row['load1']:.1f}", flush=True)
@@ -149,18 +210,23 @@ def run(opts) -> list[dict]:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| dtype | rows | steps | ms per step | weight-streaming floor ms | ratio | compute floor ms | achieved GFLOP/s | matmul peak GFLOP/s |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| dtype | rows | steps | ms per step | weight-streaming floor ms | ratio | compute floor ms | achieved GFLOP/s | matmul peak GFLOP/s | mean (max) abs log-prob diff, sampler vs fp32 scorer | load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
+        diff = f"{r['mean_abs_logprob_diff']:.1e} ({r['max_abs_logprob_diff']:.1e})" if "mean_abs_logprob_diff" in r else "-"
         lines.append(f"| {r['dtype']} | {r['rows']} | {r['steps']} | {r['ms_per_step']:.1f} | {r['stream_floor_ms']:.1f} | "
-                     f"{r['ratio_to_stream_floor']:.2f}x | {r['compute_floor_ms']:.1f} | {r['achieved_gflops']:.1f} | {r['peak_gflops']:.1f} |")
+                     f"{r['ratio_to_stream_floor']:.2f}x | {r['compute_floor_ms']:.1f} | {r['achieved_gflops']:.1f} | {r['peak_gflops']:.1f} | "
+                     f"{diff} | {r['load1']:.1f} |")
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[4, 8, 16, 32], help="rows (prompts x 4 answers); default 4 8 16 32")
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16", "float16"])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16", "bf16-sampling"],
+                        choices=["float32", "bfloat16", "float16", "bf16-sampling"])
+    parser.add_argument("--mismatch", action="store_true", help="also measure the sampler/scorer log-prob mismatch")
+    parser.add_argument("--model", default=None, help="a saved model folder instead of the random-weight SmolLM2 shape")
     parser.add_argument("--steps", type=int, default=24, help="new tokens per answer (default 24)")
     parser.add_argument("--prompt-tokens", type=int, default=32, help="tokens per prompt (default 32)")
     parser.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")

@@ -310,6 +310,7 @@ def _train_ours(spec: dict, clock: _Clock):
         if spec["force_length"]:
             policy.min_new_tokens = spec["new_tokens"]
         policy.max_batch_size = spec.get("max_batch_size")
+        policy.sample_dtype = spec.get("sample_dtype")  # the opt-in bf16 sampler (scores stay exact)
         policy.model.generate(**_warmup_inputs(policy.tokenizer), max_new_tokens=2, do_sample=True)
         policy.sample = clock.wrap("generate", policy.sample, count)
         policy._draw = clock.wrap("sampling", policy._draw)  # our sampler; CoMLRL's is torch.multinomial
@@ -457,7 +458,20 @@ def run_worker(side: str, spec: dict) -> dict:
         "load1_before": load_before,
         "load1_after": os.getloadavg()[0],
         "versions": _versions(side),
+        "sampled_with_copy": _sampling_copies(trainer) if side != "comlrl" else [],
     }
+
+
+def _sampling_copies(trainer) -> list[str]:
+    """The dtypes of the low-precision sampling copies the run built (``sample_dtype``): a check
+    that a bf16-sampling side really sampled from a copy."""
+    found = set()
+    for policy in trainer.policies.values():
+        for owner in (policy, getattr(policy, "team", None)):
+            shadow = getattr(owner, "_shadow", None)
+            if shadow is not None:
+                found.add(str(shadow.dtype))
+    return sorted(found)
 
 
 def _versions(side: str) -> dict:
@@ -588,11 +602,16 @@ def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
     return "-" if value is None else f"{value:{spec}}{suffix}"
 
 
-def table(results: list[dict], configs: list[dict], ips_list: list[int], with_comlrl: bool, with_lora: bool = False) -> str:
+def table(results: list[dict], configs: list[dict], ips_list: list[int], with_comlrl: bool, with_lora: bool = False,
+          with_bf16s: bool = False) -> str:
     """Two markdown tables: time per item and speed-ups; tokens/s and peak memory."""
     sides = [("ours", ips, f"ours ips={ips}") for ips in ips_list]
     if with_lora:
         sides += [("ours-lora", ips, f"ours LoRA ips={ips}") for ips in ips_list]
+    if with_bf16s:
+        sides += [("ours-bf16s", ips, side_label("ours-bf16s", ips)) for ips in ips_list]
+        if with_lora:
+            sides += [("ours-lora-bf16s", ips, side_label("ours-lora-bf16s", ips)) for ips in ips_list]
     if with_comlrl:
         sides.append(("comlrl", 1, "CoMLRL"))
     head = ["config", "nodes/item", "tokens/item"] + [f"{label} s/item" for _, _, label in sides]
@@ -632,9 +651,44 @@ def breakdown_table(results: list[dict], configs: list[dict]) -> str:
         for side, ips in keys:
             r = best(results, cfg["name"], side, ips)
             parts = r.get("breakdown_seconds", {})
-            label = "CoMLRL" if side == "comlrl" else f"{'ours LoRA' if side == 'ours-lora' else 'ours'} ips={ips}"
+            label = side_label(side, ips)
             cells = [f"{parts.get(n, 0.0) / r['items']:.3f}" for n in names]
             lines.append(f"| {cfg['name']} | {label} | {r['seconds_per_item']:.3f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+SIDE_NAMES = {"ours": "ours", "ours-lora": "ours LoRA", "ours-bf16s": "ours bf16-sampling", "ours-lora-bf16s": "ours LoRA bf16-sampling"}
+
+
+def side_label(side: str, ips: int) -> str:
+    return "CoMLRL" if side == "comlrl" else f"{SIDE_NAMES.get(side, side)} ips={ips}"
+
+
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def median_table(results: list[dict], configs: list[dict]) -> str:
+    """Per (config, side): s/item of every repeat, their median, CoMLRL's median over ours, and
+    the range of the per-repeat ratios (each repeat's runs are interleaved, so a repeat's ratio
+    compares runs made minutes apart), with the 1-minute load averages seen."""
+    lines = ["| config | side | s/item per repeat | median s/item | vs CoMLRL (ratio of medians) | per-repeat ratios | median peak MiB | load |",
+             "|---|---|---|---|---|---|---|---|"]
+    for cfg in configs:
+        ok = [r for r in results if r["config"] == cfg["name"] and "error" not in r]
+        theirs = {r["repeat"]: r["seconds_per_item"] for r in ok if r["side"] == "comlrl"}
+        for side, ips in sorted({(r["side"], r.get("items_per_step", 1)) for r in ok}, key=lambda key: (key[0] == "comlrl", key)):
+            runs = sorted((r for r in ok if r["side"] == side and r.get("items_per_step", 1) == ips), key=lambda r: r["repeat"])
+            times = [r["seconds_per_item"] for r in runs]
+            median = _median(times)
+            ratio = f"{_median(list(theirs.values())) / median:.2f}x" if theirs and side != "comlrl" else "-"
+            per = [theirs[r["repeat"]] / r["seconds_per_item"] for r in runs if r["repeat"] in theirs] if side != "comlrl" else []
+            spread = f"{min(per):.2f}-{max(per):.2f}x" if per else "-"
+            loads = [x for r in runs for x in (r["load1_before"], r["load1_after"])]
+            lines.append(f"| {cfg['name']} | {side_label(side, ips)} | {' / '.join(f'{t:.2f}' for t in times)} | {median:.2f} | "
+                         f"{ratio} | {spread} | {_median([r['peak_rss_mib'] for r in runs]):.0f} | {min(loads):.1f}-{max(loads):.1f} |")
     return "\n".join(lines)
 
 
@@ -684,7 +738,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run our side with the agents as LoRA adapters of rank R on one base (LoRATeam)")
     parser.add_argument("--memory-agents", type=int, default=None,
                         help="memory rows: N LoRA agents (rank --lora-r, default 8) against ONE full-model agent, ips=1")
-    parser.add_argument("--worker", choices=("ours", "ours-lora", "comlrl", "build"), help=argparse.SUPPRESS)
+    parser.add_argument("--sample-dtype", default=None, choices=("bfloat16", "float16"),
+                        help="also run our sides with CausalLMPolicy.sample_dtype (a bf16 sampler, exact fp32 scores)")
+    parser.add_argument("--worker", choices=("ours", "ours-lora", "ours-bf16s", "ours-lora-bf16s", "comlrl", "build"), help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
 
@@ -720,6 +776,11 @@ def main(argv: list[str] | None = None) -> int:
             runs = [("ours", opts.ours_python, ips, {}) for ips in ips_list]
             if opts.lora_r:
                 runs += [("ours-lora", opts.ours_python, ips, {"lora_r": opts.lora_r}) for ips in ips_list]
+            if opts.sample_dtype:
+                runs += [("ours-bf16s", opts.ours_python, ips, {"sample_dtype": opts.sample_dtype}) for ips in ips_list]
+                if opts.lora_r:
+                    runs += [("ours-lora-bf16s", opts.ours_python, ips, {"lora_r": opts.lora_r, "sample_dtype": opts.sample_dtype})
+                             for ips in ips_list]
             if opts.comlrl_python:
                 runs.append(("comlrl", opts.comlrl_python, 1, {}))
             if opts.memory_agents:
@@ -756,8 +817,10 @@ def main(argv: list[str] | None = None) -> int:
                         f"load {result['load1_before']:.1f}->{result['load1_after']:.1f})",
                         flush=True,
                     )
-    text = table(results, configs, ips_list, bool(opts.comlrl_python), bool(opts.lora_r))
+    text = table(results, configs, ips_list, bool(opts.comlrl_python), bool(opts.lora_r), bool(opts.sample_dtype))
     parts = breakdown_table(results, configs)
+    medians = median_table(results, configs)
+    text = medians + "\n\n" + text
     print()
     print(text)
     print()
