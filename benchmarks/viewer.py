@@ -34,7 +34,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from llm_marl.learners.buffer import samples_from_trees  # noqa: E402
-from llm_marl.learners.recording import RolloutRecorder  # noqa: E402
+from llm_marl.runs.recording import RolloutRecorder  # noqa: E402
 from llm_marl.learners.tree import RolloutNode, _compute_returns  # noqa: E402
 from llm_marl.policies.base import Completion  # noqa: E402
 from llm_marl.viewer import make_server, write_page  # noqa: E402

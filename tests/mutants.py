@@ -80,7 +80,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "checkpoint manifest SHA-256 not checked (size only)",
-        "llm_marl/learners/checkpoint.py",
+        "llm_marl/runs/checkpoint.py",
         'if os.path.getsize(file) != expected["size"] or _sha256(file) != expected["sha256"]:',
         'if os.path.getsize(file) != expected["size"]:',
         ("tests/test_reliability.py",),
@@ -157,7 +157,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "resume does not restore the RNG states",
-        "llm_marl/learners/checkpoint.py",
+        "llm_marl/runs/checkpoint.py",
         '    _restore_rng(trainer, torch.load(os.path.join(path, "rng.pt"), weights_only=False))\n',
         "",
         ("tests/test_reliability.py::test_stop_resume_equals_uninterrupted",),
@@ -172,14 +172,14 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "resume starts with empty rollout buffers",
-        "llm_marl/learners/checkpoint.py",
+        "llm_marl/runs/checkpoint.py",
         'trainer.buffers = {a: RolloutBuffer(extra["buffers"][a]) for a in trainer.agents}',
         "trainer.buffers = {a: RolloutBuffer() for a in trainer.agents}",
         ("tests/test_reliability.py::test_resume_from_a_checkpoint_with_filled_buffers_equals_uninterrupted",),
     ),
     Mutant(
         "save_total_limit keeps one checkpoint too few",
-        "llm_marl/learners/checkpoint.py",
+        "llm_marl/runs/checkpoint.py",
         "for path in paths[: max(0, len(paths) - limit)]:",
         "for path in paths[: max(0, len(paths) - limit + 1)]:",
         ("tests/test_reliability.py::test_save_total_limit_keeps_newest",),
@@ -369,7 +369,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "checkpoints do not restore the critics",
-        "llm_marl/learners/checkpoint.py",
+        "llm_marl/runs/checkpoint.py",
         "        extra.load_state_dict(torch.load(file, weights_only=False))\n",
         "        pass\n",
         ("tests/test_actor_critic.py::test_stop_resume_equals_uninterrupted_with_critics_and_their_optimizers",),
@@ -405,7 +405,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "1.4.2-form eval loggers are called in the 1.4.3 form",
-        "llm_marl/learners/anchor_compat.py",
+        "llm_marl/comlrl/anchor_compat.py",
         'legacy = ("test_cases" in params or "entry_points" in params) and "batch_items" not in params',
         "legacy = False",
         ("tests/test_comlrl_compat.py::test_eval_logger_forms_are_chosen_from_the_signature",),
@@ -426,14 +426,14 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "metrics never reach the W&B run",
-        "llm_marl/learners/logging.py",
+        "llm_marl/runs/logging.py",
         "        for mirror in self.mirrors:\n",
         "        for mirror in []:\n",
         ("tests/test_comlrl_compat.py::test_report_to_wandb_sends_the_same_metrics",),
     ),
     Mutant(
         "no default run directory without output_dir",
-        "llm_marl/learners/anchor_compat.py",
+        "llm_marl/comlrl/anchor_compat.py",
         "    if args.output_dir is None:\n        name =",
         "    if False:\n        name =",
         ("tests/test_comlrl_compat.py::test_no_output_dir_gets_a_named_default_run_directory",),
@@ -469,7 +469,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "an identical checkpoint counts as a conflict",
-        "llm_marl/learners/checkpoint.py",
+        "llm_marl/runs/checkpoint.py",
         "    if files[0] != files[1]:\n        return False",
         "    if True:\n        return False",
         ("tests/test_run_folder.py::test_resuming_a_finished_run_re_saves_its_last_checkpoint_without_a_copy",),

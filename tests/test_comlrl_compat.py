@@ -23,8 +23,8 @@ from llm_marl.comlrl.trainers import reinforce as comlrl_reinforce
 from llm_marl.comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer, MAReMaxConfig, MARLOOConfig
 from llm_marl.comlrl.utils.reward_processor import RewardProcessors
 from llm_marl.envs.dialogue import DialogueEnv
-from llm_marl.learners.anchor_compat import adapt_eval_logger
-from llm_marl.learners.run_dir import default_run_dir
+from llm_marl.comlrl.anchor_compat import adapt_eval_logger
+from llm_marl.runs.run_dir import default_run_dir
 from llm_marl.tasks.function_task import FunctionTask
 
 ROWS = [
@@ -428,7 +428,7 @@ def test_actor_critic_paths_train_with_comlrl_optimizer_defaults():
 
 
 def test_wandb_config_sections_dataset_type_and_name_are_copied_flat_as_comlrl_does():
-    from llm_marl.learners.logging import wandb_init_kwargs
+    from llm_marl.runs.logging import wandb_init_kwargs
 
     sections = {"dataset": {"type": "tldr", "name": "trl-lib/tldr"}, "trainer": {"num_turns": 1}}
     config = wandb_init_kwargs({"config_sections": sections}, {"num_turns": 1}, None)["config"]

@@ -241,3 +241,44 @@ def test_the_code_tasks_old_module_level_names_still_import():
     assert full_feedback is moved
     with pytest.warns(DeprecationWarning, match="no longer needed"):
         register_envs()
+
+
+# --- the rooms: learners/ holds the algorithms, runs/ what a run leaves behind ----------------------
+
+LEARNERS_FILES = {
+    "__init__", "config", "actor_critic_config", "config_types", "config_docs",  # configs
+    "tree", "buffer", "advantages", "actor_critic_math", "preference_math",  # trees, buffers, pure math
+    "reinforce", "actor_critic", "preference", "preference_iter", "reward_model", "centralized", "checks",  # trainers
+}
+TRAINERS = {"reinforce", "actor_critic", "preference", "preference_iter", "reward_model", "centralized"}
+MOVED = {f"llm_marl.learners.{m}": f"llm_marl.runs.{m}"
+         for m in ("checkpoint", "distributed", "interrupt", "logging", "recording", "run_dir", "run_folder")}
+MOVED["llm_marl.learners.anchor_compat"] = "llm_marl.comlrl.anchor_compat"
+
+
+def test_learners_holds_only_configs_trees_buffers_math_and_trainers():
+    present = {p.stem for p in (PACKAGE_ROOT / "learners").glob("*.py")}
+    assert present - LEARNERS_FILES == set()
+    assert not [p for p in (PACKAGE_ROOT / "learners").iterdir() if p.is_dir() and p.name != "__pycache__"]
+
+
+def test_runs_never_imports_a_trainer():
+    graph = import_graph(PACKAGE_ROOT, module_level_only=False)
+    runs = {name: targets for name, targets in graph.items() if name.startswith("llm_marl.runs")}
+    assert "llm_marl.runs.checkpoint" in runs and "llm_marl.learners.buffer" in runs["llm_marl.runs.checkpoint"]
+    trainers = {f"llm_marl.learners.{t}" for t in TRAINERS}
+    assert {f"{a} -> {b}" for a, targets in runs.items() for b in targets if b in trainers} == set()
+
+
+@pytest.mark.parametrize("old, new", sorted(MOVED.items()))
+def test_moved_modules_import_from_their_old_paths_with_a_deprecation_warning(monkeypatch, old, new):
+    moved = importlib.import_module(new)
+    monkeypatch.delitem(sys.modules, old, raising=False)
+    with pytest.warns(DeprecationWarning, match=f"{old} moved to {new}"):
+        assert importlib.import_module(old) is moved
+    parent, _, leaf = old.rpartition(".")
+    monkeypatch.delitem(sys.modules, old)
+    monkeypatch.delattr(sys.modules[parent], leaf, raising=False)
+    with pytest.warns(DeprecationWarning, match=f"import {new} instead"):
+        exec(f"from {parent} import {leaf} as found", namespace := {})
+    assert namespace["found"] is moved

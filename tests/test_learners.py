@@ -22,7 +22,7 @@ from gymnasium.spaces import Box, Discrete  # noqa: E402
 from pettingzoo import ParallelEnv  # noqa: E402
 
 from llm_marl.envs import DialogueEnv, make  # noqa: E402
-from llm_marl.learners import logging as run_logging  # noqa: E402
+from llm_marl.runs import logging as run_logging  # noqa: E402
 from llm_marl.learners.config import (  # noqa: E402
     MAGRPOConfig,
     MAREINFORCEConfig,

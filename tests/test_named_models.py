@@ -216,7 +216,7 @@ def test_unknown_name_is_refused_with_the_known_names():
 
 
 def test_a_name_works_for_the_team_the_critic_and_the_drop_in_constructor(tiny_name):
-    from llm_marl.learners import anchor_compat
+    from llm_marl.comlrl import anchor_compat
     from llm_marl.policies.lm_critic import CausalLMCritic
     from llm_marl.policies.lora_team import LoRATeam
 

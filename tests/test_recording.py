@@ -1,4 +1,4 @@
-"""Recorded rollout trees (llm_marl/learners/recording.py): what is written equals what was trained on.
+"""Recorded rollout trees (llm_marl/runs/recording.py): what is written equals what was trained on.
 
 Each schema test spies on the trainer's recorder to keep the in-memory trees and samples of the
 recorded batches, then reads the files back: the rebuilt RolloutNode equals the in-memory one
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from llm_marl import DialogueEnv, MAGRPOConfig, MAGRPOTrainer, TabularPolicy
-from llm_marl.learners.recording import (
+from llm_marl.runs.recording import (
     RolloutRecorder,
     markdown_tree,
     node_status,

@@ -13,9 +13,9 @@ import warnings
 import pytest
 
 from llm_marl import MAGRPOConfig, MAGRPOTrainer, TabularPolicy, make
-from llm_marl.learners import checkpoint
-from llm_marl.learners.interrupt import TrainingInterrupted
-from llm_marl.learners.run_folder import RunFolderError
+from llm_marl.runs import checkpoint
+from llm_marl.runs.interrupt import TrainingInterrupted
+from llm_marl.runs.run_folder import RunFolderError
 
 
 def trainer(out, **overrides):

@@ -20,7 +20,7 @@ from llm_marl import MAGRPOConfig as NativeConfig
 from llm_marl import MAGRPOTrainer as NativeTrainer
 from llm_marl import TabularPolicy, make
 from llm_marl.comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
-from llm_marl.learners.interrupt import TrainingInterrupted
+from llm_marl.runs.interrupt import TrainingInterrupted
 
 ROWS = [{"prompt": "def add(a, b):"}, {"prompt": "def neg(x):"}]
 WEIGHT_SUFFIXES = (".pt", ".pth", ".safetensors", ".bin", ".ckpt")

@@ -21,7 +21,7 @@ import pytest
 
 from llm_marl import DialogueEnv, MAGRPOConfig, MAGRPOTrainer, TabularPolicy
 from llm_marl.cli import main
-from llm_marl.learners.recording import read_trees, rollout_files
+from llm_marl.runs.recording import read_trees, rollout_files
 from llm_marl.viewer import build_page, make_server, write_page
 from llm_marl.viewer.chromium import Chromium, find_chromium
 from toy_tasks import MENU, ColourMatch

@@ -15,7 +15,7 @@ What is here:
   ``marloo``, ``maremax``): the four configs and trainers, with CoMLRL's defaults (the optimizer
   is torch AdamW with its default weight decay 0.01, as CoMLRL builds it) and its ``train()``
   signature. Every keyword of CoMLRL 1.4.0-1.4.3's constructor is accepted
-  (:mod:`llm_marl.learners.anchor_compat` says how each is honoured).
+  (:mod:`llm_marl.comlrl.anchor_compat` says how each is honoured).
 - :mod:`llm_marl.comlrl.utils.reward_processor`: ``RewardProcessors.scale`` / ``.shift``.
 
 - :mod:`llm_marl.comlrl.trainers.actor_critic` (and ``iac``, ``maac``): ``IACConfig`` /

@@ -41,11 +41,11 @@ from pettingzoo import ParallelEnv
 from llm_marl.learners.advantages import k3_kl, sample_losses
 from llm_marl.learners.buffer import RolloutBuffer, Sample, samples_from_trees
 from llm_marl.learners.checks import check_horizon, check_policies, env_horizon
-from llm_marl.learners.distributed import DistributedContext
-from llm_marl.learners.interrupt import StopRequests, TrainingInterrupted
+from llm_marl.runs.distributed import DistributedContext
+from llm_marl.runs.interrupt import StopRequests, TrainingInterrupted
 from llm_marl.learners.config import MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig
-from llm_marl.learners.logging import RunLogger, open_wandb, wants_wandb
-from llm_marl.learners.recording import RolloutRecorder
+from llm_marl.runs.logging import RunLogger, open_wandb, wants_wandb
+from llm_marl.runs.recording import RolloutRecorder
 from llm_marl.learners.tree import RolloutNode, collect_trees, derive_seed, grow_trees, iter_nodes, ask_team
 from llm_marl.policies.base import Completion, Policy, token_log_probs_of
 from llm_marl.tasks.base import TaskError
@@ -154,7 +154,7 @@ class MAGRPOTrainer:
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(self.args).__name__}")
         self.args.validate()  # again: the config may have been changed since it was constructed
         if anchor_kwargs or env is None:
-            from llm_marl.learners.anchor_compat import build_from_anchor_kwargs
+            from llm_marl.comlrl.anchor_compat import build_from_anchor_kwargs
 
             if env is not None or policies is not None:
                 raise TypeError(
@@ -223,11 +223,11 @@ class MAGRPOTrainer:
         ``output_dir``; training then continues exactly where that checkpoint left off. A new
         run refuses a non-empty ``output_dir`` unless ``overwrite_output_dir`` (run_folder.py).
         SIGINT/SIGTERM stop after the current batch and raise
-        :class:`~llm_marl.learners.interrupt.TrainingInterrupted` (interrupt.py). A checkpoint is
+        :class:`~llm_marl.runs.interrupt.TrainingInterrupted` (interrupt.py). A checkpoint is
         written every ``save_steps`` optimizer steps and, when training ends or a signal stops it,
         once more where :meth:`_closing_checkpoint` says so (``save_final_checkpoint``).
         """
-        from llm_marl.learners import checkpoint
+        from llm_marl.runs import checkpoint
 
         args = self.args
         if self._cannot_train:
@@ -297,7 +297,7 @@ class MAGRPOTrainer:
     def _claim_run_folder(self, resume: str | bool | None) -> str | None:
         """Claim ``output_dir`` for this run (run_folder.py); the checkpoint to resume, if any.
         A trainer that trains again continues its own run in its folder."""
-        from llm_marl.learners import checkpoint, run_folder
+        from llm_marl.runs import checkpoint, run_folder
 
         out = self.args.output_dir
         if out is None:
@@ -334,7 +334,7 @@ class MAGRPOTrainer:
     def _stop_on_signal(self, signum: int) -> None:
         """Write a checkpoint of the batch just finished (where :meth:`_closing_checkpoint`) and
         raise TrainingInterrupted."""
-        from llm_marl.learners import checkpoint
+        from llm_marl.runs import checkpoint
 
         path = None
         if self._closing_checkpoint():
@@ -729,7 +729,7 @@ class MAGRPOTrainer:
         self.logger.log(metrics, self.state.batch_step - 1)
 
     def _after_batch(self, progress: Any, steps_before: int, epoch_done: bool) -> None:
-        from llm_marl.learners import checkpoint
+        from llm_marl.runs import checkpoint
 
         reward = self._pending.get("train/turn_1/reward_mean")
         if reward:

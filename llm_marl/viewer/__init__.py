@@ -1,4 +1,4 @@
-"""The rollout-tree viewer: ``llm-marl view RUN_DIR`` (see llm_marl/learners/recording.py).
+"""The rollout-tree viewer: ``llm-marl view RUN_DIR`` (see llm_marl/runs/recording.py).
 
 :func:`write_page` writes ONE self-contained HTML file (``RUN_DIR/viewer.html`` by default):
 scripts and styles inline, nothing fetched from the network. Pick a step (a recorded train batch

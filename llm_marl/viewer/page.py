@@ -20,7 +20,7 @@ import re
 from importlib import resources
 from typing import Any
 
-from llm_marl.learners.recording import rollout_files
+from llm_marl.runs.recording import rollout_files
 
 PAGE = "page.html"
 

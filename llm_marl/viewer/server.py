@@ -12,7 +12,7 @@ import os
 import re
 from typing import Any
 
-from llm_marl.learners.recording import FILE_PATTERN
+from llm_marl.runs.recording import FILE_PATTERN
 from llm_marl.viewer.page import build_page
 
 

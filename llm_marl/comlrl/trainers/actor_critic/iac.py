@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from llm_marl.learners import actor_critic as _actor_critic
 from llm_marl.learners import actor_critic_config as _config
-from llm_marl.learners.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
+from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
 
 
 @dataclass

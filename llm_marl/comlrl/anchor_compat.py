@@ -20,10 +20,10 @@ Choices where the anchor library is silent or differs:
 - ``model_config`` keys: ``dtype`` (or ``torch_dtype``), ``attn_implementation``, and
   ``special_tokens`` (a dict passed to ``tokenizer.add_special_tokens``; embeddings are resized).
 - ``wandb_config``: the same metrics also go to a W&B run built from it
-  (:func:`llm_marl.learners.logging.open_wandb`; optional extra ``llm_marl[wandb]``).
+  (:func:`llm_marl.runs.logging.open_wandb`; optional extra ``llm_marl[wandb]``).
 - ``args.output_dir`` None (CoMLRL's config has no such field): the run still leaves a record,
   in a default run directory ``runs/<wandb name or algorithm>-<time>``
-  (:func:`~llm_marl.learners.run_dir.default_run_dir`), printed when the trainer is built:
+  (:func:`~llm_marl.runs.run_dir.default_run_dir`), printed when the trainer is built:
   TensorBoard logs, ``metrics.jsonl``, rollouts (the W&B files too, unless
   ``wandb_config["dir"]`` says otherwise).
 - Model weights and optimizer states are written only when the script asks, as in CoMLRL:
@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 from llm_marl.envs.dialogue import DialogueEnv
-from llm_marl.learners.run_dir import default_run_dir
+from llm_marl.runs.run_dir import default_run_dir
 from llm_marl.tasks.function_task import FunctionTask
 
 

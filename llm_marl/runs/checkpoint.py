@@ -115,9 +115,9 @@ def same_state(path: str, other: str) -> bool:
     """True when checkpoints ``path`` and ``other`` hold the same training state: ``path`` is
     intact, every file but ``trainer_state.json`` has the same size and SHA-256 in both manifests,
     and ``trainer_state.json`` agrees on the state, the run id and the config fields a resume
-    may not change (:data:`~llm_marl.learners.run_folder.RESUMABLE_FIELDS`). When it was written
+    may not change (:data:`~llm_marl.runs.run_folder.RESUMABLE_FIELDS`). When it was written
     does not count."""
-    from llm_marl.learners.run_folder import RESUMABLE_FIELDS
+    from llm_marl.runs.run_folder import RESUMABLE_FIELDS
 
     try:
         manifests = [_read_json(os.path.join(folder, "manifest.json")) for folder in (path, other)]
