@@ -5,7 +5,7 @@ drop-in constructor's setting of issue 24 (K=4, one turn, aligned, 24 new tokens
 fp32, random weights of the SmolLM2-135M shape from ``throughput.py``'s ``--model-dir``/smol), the
 same trainer and timers as ``throughput.py`` (``_train_ours`` and ``_Clock``), then after
 ``train()`` the two ways a run writes weights: a resumable checkpoint
-(``llm_marl.learners.checkpoint.save``: weights, optimizer states, RNG) and ``save_model``.
+(``llm_marl.runs.checkpoint.save``: weights, optimizer states, RNG) and ``save_model``.
 
 Phases (seconds per item, exclusive): **decode** (the sampling calls: prefill, decode loop,
 draws, detokenising), **scoring** (model forwards of the update: log-probs), **backward**,
@@ -65,7 +65,10 @@ def worker(spec: dict) -> dict:
     parts = clock.breakdown(seconds)
     out = tempfile.mkdtemp(prefix="llm_marl_profile_")
     try:
-        from llm_marl.learners import checkpoint
+        try:
+            from llm_marl.runs import checkpoint
+        except ImportError:  # before the layout of issue 26
+            from llm_marl.learners import checkpoint
 
         trainer.args.output_dir = out
         t0 = time.perf_counter()
