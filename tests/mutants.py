@@ -455,9 +455,9 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "a separate critic of a team copies the whole model",
-        "llm_marl/policies/lm_critic.py",
-        "        if isinstance(policy, AdapterPolicy):",
-        "        if False:",
+        "llm_marl/learners/actor_critic.py",
+        "            if isinstance(policy, AdapterPolicy):  # on the team's one base",
+        "            if False:  # on the team's one base",
         ("tests/test_team_critics.py::test_separate_critics_are_value_adapters_on_the_same_base",),
     ),
     Mutant(

@@ -221,3 +221,13 @@ def test_the_cli_trains_an_adapter_team_with_iac(model_dir):
     assert sorted(team.trainable_adapters) == sorted(list(trainer.agents) + [f"{a}_critic" for a in trainer.agents])
     trainer.train()
     assert trainer.state.global_step >= 1
+
+
+def test_a_plain_critic_for_a_team_agent_is_refused_instead_of_copying_the_team(model_dir):
+    from llm_marl.policies.lm_critic import CausalLMCritic
+
+    team = team_of(model_dir)
+    with pytest.raises(TypeError, match="agent of a LoRA team: build its critic with AdapterCritic.for_agent"):
+        CausalLMCritic.for_policy(team.policies["agent_0"], shared=False)
+    critic = AdapterCritic.for_agent(team.policies["agent_0"], shared=False, seed=1)
+    assert critic.adapter == "agent_0_critic" and "agent_0_critic" in team.trainable_adapters

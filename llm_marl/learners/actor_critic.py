@@ -223,15 +223,20 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
         return critics
 
     def _default_critic(self, agent: str, num_outputs: int) -> Critic:
-        """A TabularCritic, or for a language-model policy a CausalLMCritic on (a copy of) its model."""
+        """A TabularCritic, or for a language-model policy a CausalLMCritic on (a copy of) its model;
+        for an agent of a LoRA team an AdapterCritic on the team's base."""
         policy = self.policies[agent]
         if hasattr(policy, "model") and hasattr(policy, "tokenizer"):
+            from llm_marl.policies.adapter_critic import AdapterCritic
             from llm_marl.policies.lm_critic import CausalLMCritic
+            from llm_marl.policies.lora_team import AdapterPolicy
 
             shared = not self.args.use_separate_critic
             width = self.args.value_head_hidden_dim if shared else self.args.critic_value_head_hidden_dim
-            return CausalLMCritic.for_policy(policy, shared=shared, num_outputs=num_outputs, hidden_dim=width,
-                                             seed=self._critic_seed(agent), name="critic" if self.central else f"{agent}_critic")
+            options = dict(shared=shared, num_outputs=num_outputs, hidden_dim=width, seed=self._critic_seed(agent))
+            if isinstance(policy, AdapterPolicy):  # on the team's one base: its own adapter or a value adapter
+                return AdapterCritic.for_agent(policy, name="critic" if self.central else f"{agent}_critic", **options)
+            return CausalLMCritic.for_policy(policy, **options)
         return TabularCritic(num_outputs)
 
     def _critic_seed(self, agent: str | int) -> int:

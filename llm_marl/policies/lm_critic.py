@@ -136,25 +136,17 @@ class CausalLMCritic:
         num_outputs: int = 1,
         hidden_dim: int | None = None,
         seed: int | None = None,
-        name: str | None = None,
     ) -> "CausalLMCritic":
         """A critic for a :class:`~llm_marl.policies.CausalLMPolicy`: a head on its model
-        (``shared``) or on a deep copy of it. ``seed`` initialises the head; ``name`` is unused
-        here (it names a team's value adapter, :class:`~llm_marl.policies.adapter_critic.AdapterCritic`).
+        (``shared``) or on a deep copy of it. ``seed`` initialises the head.
 
-        An agent of a :class:`~llm_marl.policies.LoRATeam` gets an
-        :class:`~llm_marl.policies.adapter_critic.AdapterCritic` instead: it reads through the
-        agent's own adapter (``shared``) or a value adapter ``name`` of its own, on the team's
-        one base (no copy)."""
+        An agent of a :class:`~llm_marl.policies.LoRATeam` is refused: its critic reads the
+        team's one base through an adapter, :meth:`~llm_marl.policies.adapter_critic.AdapterCritic.for_agent`."""
         import copy
 
-        from llm_marl.policies.lora_team import AdapterPolicy
-
-        if isinstance(policy, AdapterPolicy):
-            from llm_marl.policies.adapter_critic import AdapterCritic
-
-            return AdapterCritic.for_agent(policy, shared=shared, num_outputs=num_outputs, hidden_dim=hidden_dim, seed=seed, name=name)
-
+        if hasattr(policy, "team") and hasattr(policy, "adapter"):
+            raise TypeError(f"{policy!r} is an agent of a LoRA team: build its critic with AdapterCritic.for_agent "
+                            "(llm_marl.policies.adapter_critic), which reads the team's base instead of copying it")
         model = policy.model if shared else copy.deepcopy(policy.model)
         return cls(model, policy.tokenizer, num_outputs=num_outputs, hidden_dim=hidden_dim, shared=shared,
                    max_batch_size=getattr(policy, "max_batch_size", None), seed=seed)
