@@ -254,7 +254,7 @@ def test_stop_resume_equals_uninterrupted(tmp_path):
         assert not torch.equal(full.policies[agent].logits, torch.zeros_like(full.policies[agent].logits))
     logged = {k for _, m in full.logger.history for k in m}
     assert {"train/dpo/loss", "train/dpo/accuracy", "train/preference/pairs_per_item", "eval/turn_1/reward_mean"} <= logged
-    from llm_marl.learners.recording import iter_records
+    from llm_marl.runs.recording import iter_records
 
     records = [r for r in iter_records(str(tmp_path / "full")) if r["kind"] == "train"]
     assert records and all(len(n["agents"]["left"]["advantages"]) == 3 for r in records for n in r["nodes"])  # C answers recorded

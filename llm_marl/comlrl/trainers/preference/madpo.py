@@ -14,7 +14,7 @@ from typing import Any
 
 from llm_marl.comlrl.trainers.preference.centralized import check_adapter
 from llm_marl.learners import preference as _preference
-from llm_marl.learners.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
+from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
 
 
 @dataclass

@@ -8,7 +8,7 @@ from typing import Any
 
 from llm_marl.comlrl.trainers.preference.centralized import check_adapter
 from llm_marl.learners import reward_model as _reward_model
-from llm_marl.learners.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
+from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
 from llm_marl.learners.reward_model import JointRewardModel
 
 

@@ -19,8 +19,8 @@ from typing import Any
 
 from llm_marl.envs.dialogue import DialogueEnv
 from llm_marl.learners import centralized as _centralized
-from llm_marl.learners.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, _full_models, normalize_comlrl_fields
-from llm_marl.learners.run_dir import default_run_dir
+from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, _full_models, normalize_comlrl_fields
+from llm_marl.runs.run_dir import default_run_dir
 from llm_marl.tasks.function_task import FunctionTask
 
 
