@@ -233,3 +233,30 @@ def test_iterative_configs_have_comlrl_defaults():
     assert madpo.pair_selection == "comparator_reward" and madpo.preference_replay_mode == "current" and madpo.dpo_reference is False
     marlhf = MARLHFIterConfig()
     assert (marlhf.num_train_epochs, marlhf.reward_num_train_epochs, marlhf.preference_scoring_reward) == (2, 2, "task")
+
+
+def test_centralized_madpo_and_marlhf_from_comlrl_keywords(tiny_model, tmp_path):
+    from datasets import Dataset
+
+    from llm_marl.comlrl.trainers.preference import MADPOConfig, MADPOTrainer, MARLHFConfig, MARLHFTrainer, TaggedCentralizedComparatorAdapter
+
+    def reward(first, second, batch_items=None):
+        return [float(len(set(first[0])) - len(second[0]))]
+
+    class Halves(TaggedCentralizedComparatorAdapter):
+        """A custom adapter: the first half of the joint answer is role 0's, the rest role 1's."""
+
+        def parse_completion(self, completion, batch_item, num_agents):
+            return [completion[: len(completion) // 2], completion[len(completion) // 2 :]]
+
+    common = dict(num_agents=2, num_train_epochs=1, max_new_tokens=4, temperature=1.0, top_p=1.0, top_k=None, rollout_buffer_size=2,
+                  preference_num_candidates=3, preference_pairs_per_sample=2, eval_interval=0, progress_bar=False, collaboration_mode="centralized")
+    keywords = dict(agent_model=tiny_model, num_agents=2, reward_func=reward, train_dataset=Dataset.from_list([{"prompt": "a"}, {"prompt": "b"}]),
+                    formatters=[lambda item: f"first {item['prompt']}", lambda item: f"second {item['prompt']}"],
+                    centralized_comparator_adapter=Halves())
+    madpo = MADPOTrainer(args=MADPOConfig(**common, output_dir=str(tmp_path / "madpo")), **keywords)
+    assert madpo.agents == ["actor"] and madpo.roles == ["agent_0", "agent_1"]
+    madpo.train()
+    marlhf = MARLHFTrainer(args=MARLHFConfig(**common, num_generations=2, reward_learning_rate=1e-3, output_dir=str(tmp_path / "marlhf")), **keywords)
+    marlhf.train()
+    assert marlhf.agents == ["actor"] and marlhf.reward_phase.done

@@ -32,8 +32,7 @@ What is here:
 - ``trainers.preference.iterative``: ``MADPOIterConfig`` / ``MADPOIterTrainer``,
   ``MARLHFIterConfig`` / ``MARLHFIterTrainer`` (the "current" comparator only).
 
-Not here: centralized MADPO/MARLHF, the iterative learners' other comparators, and CoMLRL's
-other internal helpers.
+Not here: the iterative learners' other comparators, and CoMLRL's other internal helpers.
 
 The classes are thin adapters over :mod:`llm_marl.learners`; the behaviour that deliberately
 differs from CoMLRL (every answer token scored, ``discount`` honoured, ``joint_mode="crossed"``

@@ -26,6 +26,7 @@ from llm_marl.learners.reinforce import MAGRPOTrainer, _eval_split, _instantiate
 from llm_marl.learners.tree import fork_env, shared_reward
 
 __all__ = [
+    "Centralized",
     "CentralizedComparatorAdapter",
     "CentralizedComparatorParseError",
     "CentralizedEnv",
@@ -187,27 +188,41 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}")
         if (policy is None) == (policies is None):
             raise TypeError("pass the one joint policy as policy= (or policies=[policy])")
-        if policies is not None:
-            values = list(policies.values()) if isinstance(policies, Mapping) else list(policies)
-            if len(values) != 1:
-                raise ValueError(f"centralized MAGRPO trains ONE policy for every role; got {len(values)}")
-            policy = values[0]
+        inner = _instantiate(env, "env")
+        if args is None:
+            args = self.config_class(num_agents=len(inner.possible_agents))
+        one = Centralized(inner, [policy] if policies is None else policies, args, eval_env, centralized_adapter, "centralized MAGRPO")
+        super().__init__(one.env, one.policies, one.args, one.eval_env, **kwargs)
+        one.attach(self)
+
+
+class Centralized:
+    """What a centralized learner is built from: the N-role ``env`` (and ``eval_env``, else its
+    eval split) wrapped in :class:`CentralizedEnv`, the ONE policy as agent "actor", and a copy
+    of ``args`` for one actor (``args.num_agents`` must be the number of roles)."""
+
+    def __init__(self, env: Any, policies: Any, args: Any, eval_env: Any, adapter: Any, learner: str):
+        values = list(policies.values()) if isinstance(policies, Mapping) else list(policies)
+        if len(values) != 1:
+            raise ValueError(f"{learner} trains ONE policy for every role; got {len(values)}")
         inner = _instantiate(env, "env")
         self.roles = list(inner.possible_agents)
-        if args is None:
-            args = self.config_class(num_agents=len(self.roles))
         if args.num_agents != len(self.roles):
             raise ValueError(f"num_agents is {args.num_agents} (the roles) but the env has {len(self.roles)} roles {self.roles}")
         self.role_args = args
-        """The config as given (num_agents: the roles); ``self.args`` is its one-actor copy."""
-        adapter = check_adapter(centralized_adapter)
+        self.adapter = check_adapter(adapter)
         inner_eval = _instantiate(eval_env, "eval_env") if eval_env is not None else _eval_split(inner)[0]
-        actor_args = copy.copy(args)
-        actor_args.num_agents = 1
-        for name in ("agent_devices", "reference_devices"):
-            devices = getattr(actor_args, name)
+        self.args = copy.copy(args)
+        self.args.num_agents = 1
+        for name in ("agent_devices", "reference_devices", "critic_devices"):
+            devices = getattr(self.args, name, None)
             if devices is not None:
-                setattr(actor_args, name, list(devices)[:1])
-        super().__init__(CentralizedEnv(inner, adapter), {"actor": policy}, actor_args,
-                         CentralizedEnv(inner_eval, adapter) if inner_eval is not None else None, **kwargs)
-        self.centralized_adapter = adapter
+                setattr(self.args, name, list(devices)[:1])
+        self.env = CentralizedEnv(inner, self.adapter)
+        self.eval_env = CentralizedEnv(inner_eval, self.adapter) if inner_eval is not None else None
+        self.policies = {"actor": values[0]}
+
+    def attach(self, trainer: Any) -> None:
+        """Give ``trainer`` ``roles``, ``role_args`` (the config as given; ``trainer.args`` is the
+        one-actor copy) and ``centralized_adapter``."""
+        trainer.roles, trainer.role_args, trainer.centralized_adapter = self.roles, self.role_args, self.adapter

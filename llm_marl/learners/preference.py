@@ -69,7 +69,7 @@ class MADPOConfig(MAGRPOConfig):
     dpo_reference: bool = True
     """Margins against the frozen reference (standard DPO); False: CoMLRL 1.4.3's reference-free margin."""
     collaboration_mode: str = "decentralized"
-    """"decentralized": one policy per agent; "centralized" (one actor writes every role) is not built here yet."""
+    """"decentralized": one policy per agent; "centralized": ONE policy writes every role (num_agents: the roles; docs/preference.md §4)."""
     use_environment_step: bool = True
     """Accepted for CoMLRL scripts (its W&B step counter); logs here are indexed by dataset batch."""
     environment_steps_per_pair: int = 2
@@ -87,8 +87,6 @@ class MADPOConfig(MAGRPOConfig):
             raise ValueError("preference_pairs_per_sample must be None when pair_selection='all' (every pair is kept)")
         _positive(self, "dpo_beta")
         _one_of(self, "collaboration_mode", COLLABORATION_MODES)
-        if self.collaboration_mode == "centralized":
-            raise ValueError("collaboration_mode='centralized' is not built yet; use 'decentralized' (one policy per agent)")
         _at_least(self, "environment_steps_per_pair", 1)
         self._check_reference_kl()
 
@@ -130,10 +128,14 @@ class MADPOTrainer(MAGRPOTrainer):
 
     config_class = MADPOConfig
 
-    def __init__(self, env: Any = None, policies: Any = None, args: MADPOConfig | None = None, eval_env: Any = None, **kwargs: Any):
+    def __init__(self, env: Any = None, policies: Any = None, args: MADPOConfig | None = None, eval_env: Any = None, *,
+                 centralized_comparator_adapter: Any = None, **kwargs: Any):
         if args is not None and not isinstance(args, self.config_class):
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}")
+        env, policies, args, eval_env, one = centralize_if_asked(env, policies, args, eval_env, centralized_comparator_adapter, type(self).__name__)
         super().__init__(env, policies, args, eval_env, **kwargs)
+        if one is not None:
+            one.attach(self)
         self.dpo_references: dict[str, Policy] | None = None
         """Agent -> frozen reference of the DPO margins (None with dpo_reference=False)."""
         if self.args.dpo_reference:
@@ -277,6 +279,20 @@ class MADPOTrainer(MAGRPOTrainer):
 
     def _loss_sum(self, agent: str, batch: list[Sample]) -> tuple[torch.Tensor, float]:
         raise NotImplementedError("MADPO's loss is joint over agents: it is computed for all agents at once in _team_backward")
+
+
+def centralize_if_asked(env: Any, policies: Any, args: Any, eval_env: Any, adapter: Any, learner: str) -> tuple[Any, Any, Any, Any, Any]:
+    """With ``args.collaboration_mode == "centralized"`` (env-native constructor): the env, eval
+    env, policies and config of :class:`~llm_marl.learners.centralized.Centralized`, and it (to
+    attach); otherwise everything as given and None."""
+    if args is None or getattr(args, "collaboration_mode", "decentralized") != "centralized" or env is None:
+        return env, policies, args, eval_env, None
+    from llm_marl.learners.centralized import Centralized
+
+    if policies is None:
+        raise TypeError(f"{learner}: collaboration_mode='centralized' needs policies=[the one joint policy]")
+    one = Centralized(env, policies, args, eval_env, adapter, learner)
+    return one.env, one.policies, one.args, one.eval_env, one
 
 
 def select_pairs(rewards: Sequence[float], mode: str, limit: int | None, rng: random.Random) -> list[tuple[int, int]]:

@@ -35,7 +35,7 @@ from torch import nn
 from llm_marl.learners import preference_math as pm
 from llm_marl.learners.buffer import Sample
 from llm_marl.learners.config import _at_least, _one_of, _positive
-from llm_marl.learners.preference import MADPOConfig
+from llm_marl.learners.preference import MADPOConfig, centralize_if_asked
 from llm_marl.learners.reinforce import MAGRPOTrainer, _num_items
 from llm_marl.learners.tree import RolloutNode, collect_trees, derive_seed, iter_nodes
 from llm_marl.policies.critic import joint_observation
@@ -239,10 +239,14 @@ class MARLHFTrainer(MAGRPOTrainer):
         return super().__new__(cls)
 
     def __init__(self, env: Any = None, policies: Any = None, args: MARLHFConfig | None = None, eval_env: Any = None, *,
-                 reward_model: JointRewardModel | None = None, reward_optimizer: torch.optim.Optimizer | None = None, **kwargs: Any):
+                 reward_model: JointRewardModel | None = None, reward_optimizer: torch.optim.Optimizer | None = None,
+                 centralized_comparator_adapter: Any = None, **kwargs: Any):
         if args is not None and not isinstance(args, self.config_class):
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}")
+        env, policies, args, eval_env, one = centralize_if_asked(env, policies, args, eval_env, centralized_comparator_adapter, type(self).__name__)
         super().__init__(env, policies, args, eval_env, **kwargs)
+        if one is not None:
+            one.attach(self)
         self.reward_model = reward_model if reward_model is not None else self._default_reward_model()
         device = self.args.reward_model_device
         if device is not None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llm_marl.comlrl.trainers.preference.centralized import check_adapter
+from llm_marl.comlrl.trainers.preference.centralized import centralized_keywords, check_adapter
 from llm_marl.learners import preference_iter as _iter
 from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
 
@@ -47,6 +47,8 @@ class MADPOIterTrainer(CoMLRLTrain, _iter.MADPOIterTrainer):
 
     def __init__(self, *args: Any, centralized_comparator_adapter: Any = None, **kwargs: Any):
         self.centralized_comparator_adapter = check_adapter(centralized_comparator_adapter)
+        kwargs["centralized_comparator_adapter"] = self.centralized_comparator_adapter
+        kwargs = centralized_keywords(args, kwargs)
         super().__init__(*args, **kwargs)
 
 
@@ -59,6 +61,8 @@ class MARLHFIterTrainer(CoMLRLTrain, _iter.MARLHFIterTrainer):
     def __init__(self, *args: Any, centralized_comparator_adapter: Any = None, metrics_callback: Any = None,
                  critic_model: Any = None, critics: Any = None, **kwargs: Any):
         self.centralized_comparator_adapter = check_adapter(centralized_comparator_adapter)
+        kwargs["centralized_comparator_adapter"] = self.centralized_comparator_adapter
+        kwargs = centralized_keywords(args, kwargs)
         if getattr(self, "actor_critic", False):  # rl_algorithm "iac" / "maac": IAC's and MAAC's keywords
             kwargs.update(metrics_callback=metrics_callback, critic_model=critic_model, critics=critics)
         else:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from llm_marl.comlrl.trainers.preference.centralized import check_adapter
+from llm_marl.comlrl.trainers.preference.centralized import centralized_keywords, check_adapter
 from llm_marl.learners import preference as _preference
 from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
 
@@ -63,6 +63,8 @@ class MADPOTrainer(CoMLRLTrain, _preference.MADPOTrainer):
 
     def __init__(self, *args: Any, centralized_comparator_adapter: Any = None, **kwargs: Any):
         self.centralized_comparator_adapter = check_adapter(centralized_comparator_adapter)
+        kwargs["centralized_comparator_adapter"] = self.centralized_comparator_adapter
+        kwargs = centralized_keywords(args, kwargs)
         super().__init__(*args, **kwargs)
 
 
