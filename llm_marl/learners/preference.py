@@ -54,6 +54,8 @@ class MADPOConfig(MAGRPOConfig):
     # --- the anchor's defaults for shared fields ---
     num_turns: int = 1
     """Turns per episode; the preference learners need 1."""
+    num_generations: int = 4
+    """Unused by MADPO, which samples preference_num_candidates answers (MARLHF: the RL phase's K)."""
     early_termination_threshold: float | None = None
     """Unused with one turn; None."""
 

@@ -234,11 +234,15 @@ class MADPOIterTrainer(MADPOTrainer):
     def _update(self) -> None:
         """The round's training: its pairs (one sample per pair and agent) join the kept rounds,
         the replay mode chooses the pairs, then ``num_train_epochs`` shuffled passes of
-        ``train_batch_size`` pairs per optimizer step."""
+        ``train_batch_size`` pairs per optimizer step. A step that raises (a non-finite loss)
+        ends the round's training there (the steps before it stand, no agent takes that step);
+        ``train()`` again goes on with the next round."""
         args = self.args
-        current = _split_pairs({a: list(self.buffers[a].samples) for a in self.agents}, self.agents)
         if not any(self.buffers[a].samples for a in self.agents):
             return
+        current = _split_pairs({a: list(self.buffers[a].samples) for a in self.agents}, self.agents)
+        for agent in self.agents:
+            self.buffers[agent] = RolloutBuffer()
         round_ = self.state.epoch
         chosen = _choose(args, self.rounds, current, round_)
         self._note("iter/current_preference_pairs", float(len(current)))
@@ -252,8 +256,6 @@ class MADPOIterTrainer(MADPOTrainer):
                 part = order[start : start + size]
                 self._joint_optimizer_step({a: [chosen[j][a] for j in part] for a in trained})
                 self.state.global_step += 1
-        for agent in self.agents:
-            self.buffers[agent] = RolloutBuffer()
 
 
 def _split_pairs(samples: dict[str, list[PreferenceSample]], agents: Sequence[str]) -> list[dict[str, PreferenceSample]]:
