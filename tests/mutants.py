@@ -481,6 +481,77 @@ MUTANTS: list[Mutant] = [
         "return self.args.output_dir is not None",
         ("tests/test_unasked_weights.py",),
     ),
+    # --- the preference learners (issue 25) ----------------------------------------------------------
+    Mutant(
+        "MADPO: each agent's DPO loss on its own margin, not the team's sum",
+        "llm_marl/learners/preference.py",
+        "losses = pm.joint_dpo_losses(all_margins, self.args.dpo_beta)",
+        "losses = sum(pm.joint_dpo_losses(all_margins[i : i + 1], self.args.dpo_beta) for i in range(len(all_margins)))",
+        ("tests/test_preference.py::test_joint_dpo_loss_and_per_agent_gradients_on_a_tabular_team",),
+    ),
+    Mutant(
+        "MADPO margins ignore the frozen reference",
+        "llm_marl/learners/preference.py",
+        "rows.append(pm.dpo_margins(lp_w, lp_l, ref_w, ref_l).to(device))",
+        "rows.append(pm.dpo_margins(lp_w, lp_l, None, None).to(device))",
+        ("tests/test_preference.py::test_joint_dpo_loss_and_per_agent_gradients_on_a_tabular_team",),
+    ),
+    Mutant(
+        "MADPO leaves fixed partners' margins out of the joint margin",
+        "llm_marl/learners/preference.py",
+        "all_margins = torch.cat([margins, fixed[None]])",
+        "all_margins = margins",
+        ("tests/test_preference.py::test_a_fixed_partner_enters_the_joint_margin_without_being_trained",),
+    ),
+    Mutant(
+        "preference pairs reversed (the loser preferred)",
+        "llm_marl/learners/preference_math.py",
+        "return [(i, j) for _, i, j in pairs]",
+        "return [(j, i) for _, i, j in pairs]",
+        ("tests/test_preference.py::test_madpo_beats_a_shuffled_label_control_on_the_climbing_game",),
+    ),
+    Mutant(
+        "reward_gap pair selection takes the smallest gaps first",
+        "llm_marl/learners/preference_math.py",
+        "pairs.sort(key=lambda p: -p[0])  # stable",
+        "pairs.sort(key=lambda p: p[0])  # stable",
+        ("tests/test_preference.py::test_pair_selection_reward_gap_takes_largest_gaps_first_ties_in_order",),
+    ),
+    Mutant(
+        "Bradley-Terry loss with winner and loser swapped",
+        "llm_marl/learners/reward_model.py",
+        "chosen, rejected = scores[: len(pairs)], scores[len(pairs) :]",
+        "rejected, chosen = scores[: len(pairs)], scores[len(pairs) :]",
+        ("tests/test_preference_rlhf.py::test_bradley_terry_step_of_the_reward_model_by_hand",),
+    ),
+    Mutant(
+        "MARLHF's RL phase trains on the env's reward, not the reward model's",
+        "llm_marl/learners/reward_model.py",
+        "node.rewards, node.returns, node.agent_rewards = list(values), list(values), None",
+        "pass",
+        ("tests/test_preference_rlhf.py::test_reward_model_ranks_held_out_joint_answers_and_rl_against_it_beats_a_shuffled_label_control",),
+    ),
+    Mutant(
+        "MARLHF refits its reward model after a resume",
+        "llm_marl/learners/reward_model.py",
+        "        if not self.reward_phase.done:\n            self._learn_reward_model()",
+        "        if True:\n            self._learn_reward_model()",
+        ("tests/test_preference_rlhf.py::test_stop_resume_equals_uninterrupted_without_refitting_the_reward_model",),
+    ),
+    Mutant(
+        "iterative comparison pairs ordered by gap under comparator_reward",
+        "llm_marl/learners/preference_math.py",
+        "found.sort(key=lambda p: (-p[1], -p[0]))",
+        "found.sort(key=lambda p: -p[0])",
+        ("tests/test_preference_iter.py::test_comparison_pairs_per_mode_by_hand",),
+    ),
+    Mutant(
+        "centralized env gives every role the whole joint answer",
+        "llm_marl/learners/centralized.py",
+        "roles = self.split(actions[self.actor])",
+        "roles = [actions[self.actor]] * len(self.roles)",
+        ("tests/test_preference_centralized.py::test_the_joint_answer_is_split_per_role_for_the_shared_reward",),
+    ),
 ]
 
 
