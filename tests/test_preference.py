@@ -240,13 +240,15 @@ def colour_madpo(output_dir, **overrides):
                         args=MADPOConfig(**settings))
 
 
-def test_stop_resume_equals_uninterrupted(tmp_path):
-    full = colour_madpo(tmp_path / "full")
+@pytest.mark.parametrize("refresh", ["epoch", "once"])
+def test_stop_resume_equals_uninterrupted(tmp_path, refresh):
+    full = colour_madpo(tmp_path / "full", preference_refresh=refresh)
     full.train()
-    first = colour_madpo(tmp_path / "split", max_steps=3)
+    first = colour_madpo(tmp_path / "split", max_steps=3, preference_refresh=refresh)
     first.train()
     assert 3 <= first.state.global_step < full.state.global_step
-    resumed = colour_madpo(tmp_path / "split")
+    assert first.state.epoch >= 1  # the "once" store is used after the resume
+    resumed = colour_madpo(tmp_path / "split", preference_refresh=refresh)
     resumed.train(resume_from_checkpoint=True)
     assert resumed.state.global_step == full.state.global_step
     for agent in full.agents:
@@ -268,3 +270,17 @@ def test_every_config_field_has_a_one_line_doc():
 
     missing = [name for name, doc in field_docs(MADPOConfig).items() if not doc]
     assert missing == []
+
+
+def test_refresh_once_samples_in_the_first_epoch_only_and_replays_its_pairs(tmp_path):
+    trainer = colour_madpo(tmp_path / "run", preference_refresh="once", eval_interval=0, save_steps=0)
+    calls = []
+    for policy in trainer.policies.values():
+        original = policy.sample
+        policy.sample = lambda obs, k, generators=None, original=original: calls.append(len(obs)) or original(obs, k, generators=generators)
+    trainer.train()
+    assert calls == [1] * 8  # 4 items, 2 agents, first epoch only
+    steps_per_epoch = 3  # rollout_buffer_size 3, train_batch_size 2: items 1-3 in steps of 2 and 1, item 4 at the epoch end
+    assert trainer.state.global_step == 3 * steps_per_epoch and sorted(trainer.pair_store.batches) == [0, 1, 2, 3]
+    with pytest.raises(ValueError, match="preference_refresh must be one of"):
+        MADPOConfig(preference_refresh="never")

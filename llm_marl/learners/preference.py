@@ -22,8 +22,9 @@ at collection. The reference is a frozen copy of each policy made when the train
 a :class:`~llm_marl.policies.LoRATeam`'s base with adapters disabled (no copy);
 ``dpo_reference=False`` drops it (CoMLRL 1.4.3's reference-free margin).
 
-Online: every epoch samples new candidates from the current policies (CoMLRL 1.4.3 samples its
-pairs once, before training; docs/preference.md lists every difference).
+Online by default: every epoch samples new candidates from the current policies;
+``preference_refresh="once"`` trains every epoch on the first epoch's pairs, as CoMLRL 1.4.3
+does (docs/preference.md lists every difference).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from llm_marl.policies.base import Completion, Policy
 __all__ = ["MADPOConfig", "MADPOTrainer", "PreferenceSample"]
 
 COLLABORATION_MODES = ("decentralized", "centralized")
+PREFERENCE_REFRESH = ("epoch", "once")
 
 
 @dataclass
@@ -72,6 +74,8 @@ class MADPOConfig(MAGRPOConfig):
     """Margins against the frozen reference (standard DPO); False: CoMLRL 1.4.3's reference-free margin."""
     collaboration_mode: str = "decentralized"
     """"decentralized": one policy per agent; "centralized": ONE policy writes every role (num_agents: the roles; docs/preference.md §4)."""
+    preference_refresh: str = "epoch"
+    """"epoch": new candidates from the current policies every epoch; "once": the first epoch's pairs are trained on again in every later epoch (CoMLRL 1.4.3's schedule)."""
     use_environment_step: bool = True
     """Accepted for CoMLRL scripts (its W&B step counter); logs here are indexed by dataset batch."""
     environment_steps_per_pair: int = 2
@@ -89,6 +93,7 @@ class MADPOConfig(MAGRPOConfig):
             raise ValueError("preference_pairs_per_sample must be None when pair_selection='all' (every pair is kept)")
         _positive(self, "dpo_beta")
         _one_of(self, "collaboration_mode", COLLABORATION_MODES)
+        _one_of(self, "preference_refresh", PREFERENCE_REFRESH)
         _at_least(self, "environment_steps_per_pair", 1)
         self._check_reference_kl()
 
@@ -144,17 +149,31 @@ class MADPOTrainer(MAGRPOTrainer):
             if self.reference_policies is None:
                 self.reference_policies = self._make_references()  # saved and restored by checkpoints
             self.dpo_references = self.reference_policies
+        self.pair_store = _PairStore()
+        """preference_refresh="once": the first epoch's samples of each dataset batch."""
+
+    def checkpoint_extras(self) -> dict[str, Any]:
+        """preference_refresh="once": the first epoch's samples (trained on again later)."""
+        return {"preference_store": self.pair_store} if self.args.preference_refresh == "once" else {}
 
     # --- rollout -> preference samples ------------------------------------------------------
 
     def _collect(self, indices: list[int]) -> tuple[list[RolloutNode], list[Sample], float]:
-        """The batch's one-turn trees with ``preference_num_candidates`` answers per agent."""
+        """The batch's one-turn trees with ``preference_num_candidates`` answers per agent; with
+        preference_refresh="once", after the first epoch: no trees, the first epoch's samples of
+        this batch again."""
+        once = getattr(self.args, "preference_refresh", "epoch") == "once"
+        if once and self.state.epoch > 0 and self.state.batch_in_epoch in self.pair_store.batches:
+            return [], list(self.pair_store.batches[self.state.batch_in_epoch]), 0.0
         saved = self.args.num_generations
         self.args.num_generations = self._candidates()
         try:
-            return super()._collect(indices)
+            roots, samples, elapsed = super()._collect(indices)
         finally:
             self.args.num_generations = saved
+        if once and self.state.epoch == 0:
+            self.pair_store.batches[self.state.batch_in_epoch] = list(samples)
+        return roots, samples, elapsed
 
     def _candidates(self) -> int:
         """Answers per agent per item: ``preference_num_candidates``."""
@@ -281,6 +300,19 @@ class MADPOTrainer(MAGRPOTrainer):
 
     def _loss_sum(self, agent: str, batch: list[Sample]) -> tuple[torch.Tensor, float]:
         raise NotImplementedError("MADPO's loss is joint over agents: it is computed for all agents at once in _team_backward")
+
+
+class _PairStore:
+    """Samples kept per dataset batch (checkpointed as a state dict)."""
+
+    def __init__(self) -> None:
+        self.batches: dict[int, list[Sample]] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"batches": self.batches}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.batches = dict(state["batches"])
 
 
 def centralize_if_asked(env: Any, policies: Any, args: Any, eval_env: Any, adapter: Any, learner: str) -> tuple[Any, Any, Any, Any, Any]:

@@ -83,6 +83,8 @@ class _IterativeFields:
 
     def _check_iterative(self) -> None:
         _at_least(self, "num_iterations", 1)
+        if self.preference_refresh != "epoch":
+            raise ValueError(f"preference_refresh must be 'epoch' for the iterative learners (their rounds refresh the pairs); got {self.preference_refresh!r}")
         _one_of(self, "preference_replay_mode", pm.REPLAY_MODES)
         _one_of(self, "comparator_policy", COMPARATOR_POLICIES)
         _one_of(self, "comparator_generation_mode", ("decentralized",))

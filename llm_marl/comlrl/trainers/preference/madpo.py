@@ -1,10 +1,10 @@
 """CoMLRL's ``comlrl.trainers.preference.madpo``: MADPO on :mod:`llm_marl.learners.preference`,
 and CoMLRL's preference-pair records.
 
-Differences from CoMLRL 1.4.3 (docs/preference.md): candidates are sampled anew every epoch from
-the current policies (CoMLRL samples every pair once, before training), ``train_batch_size``
-counts items (CoMLRL: pairs), and the margin is reference-free by default as in CoMLRL
-(``dpo_reference=True`` gives standard DPO against a frozen copy).
+As in CoMLRL 1.4.3, the pairs are sampled once (in the first epoch) and trained on in every epoch
+(``preference_refresh="once"``) with a reference-free margin (``dpo_reference=False``); unlike it,
+``train_batch_size`` counts items and a later epoch replays the batches in their first order
+(docs/preference.md lists the differences).
 """
 
 from __future__ import annotations
@@ -50,6 +50,8 @@ class MADPOConfig(_preference.MADPOConfig):
     """AdamW weight decay; CoMLRL's optimizer is torch AdamW with its default (0.01)."""
     dpo_reference: bool = False
     """CoMLRL 1.4.3's margin is reference-free (log pi(w) - log pi(l)); True: against a frozen copy."""
+    preference_refresh: str = "once"
+    """CoMLRL 1.4.3 samples its pairs once and trains every epoch on them; "epoch": new candidates every epoch."""
 
     def __post_init__(self) -> None:
         normalize_comlrl_fields(self)
