@@ -110,7 +110,7 @@ def test_comlrl_defaults_of_the_preference_configs():
 
     madpo = MADPOConfig()
     assert (madpo.preference_num_candidates, madpo.preference_pairs_per_sample, madpo.pair_selection, madpo.dpo_beta) == (80, 16, "reward_gap", 0.1)
-    assert madpo.dpo_reference is False and madpo.weight_decay == 0.01 and madpo.num_turns == 1
+    assert madpo.dpo_reference is False and madpo.weight_decay == 0.01 and madpo.num_turns == 1 and madpo.preference_refresh == "once"
     marlhf = MARLHFConfig(rl_algorithm="maremax")
     assert marlhf.advantage_mode == "max" and marlhf.num_generations == 4 and marlhf.reward_num_train_epochs == 1
 
