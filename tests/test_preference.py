@@ -284,3 +284,13 @@ def test_refresh_once_samples_in_the_first_epoch_only_and_replays_its_pairs(tmp_
     assert trainer.state.global_step == 3 * steps_per_epoch and sorted(trainer.pair_store.batches) == [0, 1, 2, 3]
     with pytest.raises(ValueError, match="preference_refresh must be one of"):
         MADPOConfig(preference_refresh="never")
+
+
+def test_a_non_finite_dpo_loss_raises_naming_agent_step_and_item_and_updates_no_agent():
+    trainer, obs = matrix_trainer()
+    row, column = trainer._samples([hand_node(obs)])
+    set_logits(trainer.policies["row"], obs["row"], [math.nan, 0.0, 0.0])
+    before = trainer.policies["column"].logits.detach().clone()
+    with pytest.raises(FloatingPointError, match=r"agent 'row', optimizer step 1, items \[0\]: loss is nan; no agent was updated"):
+        trainer._joint_optimizer_step({"row": [row], "column": [column]})
+    assert torch.equal(trainer.policies["column"].logits, before)
