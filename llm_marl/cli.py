@@ -53,6 +53,10 @@ LEARNERS = {
     "maremax": "MAReMax",
     "iac": "IAC",
     "maac": "MAAC",
+    "madpo": "MADPO",
+    "marlhf": "MARLHF",
+    "madpoiter": "MADPOIter",
+    "marlhfiter": "MARLHFIter",
 }
 
 RUN_KEYS = ("env", "policy", "model", "learner", "actions", "train_items", "import", "system_prompt")
@@ -163,7 +167,8 @@ class UsageError(Exception):
 
 
 def learner_classes(name: str) -> tuple[type, type]:
-    """(config class, trainer class) of learner ``name`` (magrpo, mareinforce, marloo, maremax, iac, maac)."""
+    """(config class, trainer class) of learner ``name`` (magrpo, mareinforce, marloo, maremax, iac, maac,
+    madpo, marlhf, madpoiter, marlhfiter)."""
     import llm_marl.learners as learners
 
     key = str(name).lower()
