@@ -73,7 +73,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "loss averaged per rank instead of over all ranks",
-        "llm_marl/learners/reinforce.py",
+        "llm_marl/learners/update.py",
         "local = loss_sum / total",
         "local = loss_sum / len(batch)",
         ("tests/test_distributed.py::test_two_gloo_ranks_match_one_process_on_the_union",),
@@ -165,7 +165,7 @@ MUTANTS: list[Mutant] = [
     # --- more planted bugs across the library --------------------------------------------------------
     Mutant(
         "optimizer steps counted once per update instead of per mini-batch",
-        "llm_marl/learners/reinforce.py",
+        "llm_marl/learners/update.py",
         "            self.state.global_step += 1\n",
         "            self.state.global_step += 1 if i == 0 else 0\n",
         ("tests/test_learners.py",),
@@ -277,7 +277,7 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "one agent steps before the others' losses are checked",
-        'llm_marl/learners/reinforce.py',
+        'llm_marl/learners/update.py',
         'failed = next((r.error for r in results if r.error), None)',
         'failed = None',
         ('tests/test_atomic_update.py',),
@@ -476,9 +476,9 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "a drop-in run writes its closing checkpoint unasked",
-        "llm_marl/learners/reinforce.py",
-        "return self.args.output_dir is not None and self.args.save_final_checkpoint is not False",
-        "return self.args.output_dir is not None",
+        "llm_marl/runs/checkpoint.py",
+        "return trainer.args.output_dir is not None and trainer.args.save_final_checkpoint is not False",
+        "return trainer.args.output_dir is not None",
         ("tests/test_unasked_weights.py",),
     ),
     # --- the preference learners (issue 25) ----------------------------------------------------------

@@ -44,6 +44,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from llm_marl.runs import run_folder
+from llm_marl.runs.run_folder import RESUMABLE_FIELDS
+
 _PATTERN = re.compile(r"^checkpoint-(\d+)$")
 
 
@@ -111,14 +114,80 @@ def save(trainer: Any) -> str:
     return final
 
 
+def closing_wanted(trainer: Any) -> bool:
+    """Whether train() writes a checkpoint when it ends or a signal stops it: an ``output_dir``
+    and ``save_final_checkpoint`` not False (the drop-in constructor resolves None to
+    ``save_steps > 0``: CoMLRL writes weights only when asked; anchor_compat.py)."""
+    return trainer.args.output_dir is not None and trainer.args.save_final_checkpoint is not False
+
+
+def save_closing(trainer: Any) -> str | None:
+    """The closing checkpoint where :func:`closing_wanted` (written by the main rank, every rank
+    waits for it); its path, or None."""
+    if not closing_wanted(trainer):
+        return None
+    path = save(trainer) if trainer.dist.is_main else None
+    trainer.dist.barrier()
+    return path
+
+
+def save_if_due(trainer: Any, steps_before: int) -> str | None:
+    """A checkpoint when the batch just trained crossed a multiple of ``save_steps`` optimizer
+    steps (from ``steps_before``); its path, or None."""
+    every = trainer.args.save_steps
+    crossed = every and trainer.state.global_step // every > steps_before // every
+    if crossed and trainer.args.output_dir is not None and trainer.dist.is_main:
+        return save(trainer)
+    return None
+
+
+def launch_of(trainer: Any) -> dict[str, Any]:
+    """What the run is made of beyond its config (recorded in run.json; resume checks it): the
+    env's name, each agent's policy class, and what the CLI adds in ``trainer.launch_identity``
+    (env id, model, menu, train_items)."""
+    env = trainer.env
+    name = (getattr(env, "metadata", None) or {}).get("name") or type(getattr(env, "task", env)).__name__
+    return {"env": name, "policies": {a: type(p).__name__ for a, p in trainer.policies.items()}, **trainer.launch_identity}
+
+
+def claim_run_folder(trainer: Any, resume: str | bool | None) -> str | None:
+    """Claim ``trainer.args.output_dir`` for its run (run_folder.py) and set ``trainer.run_id``;
+    returns the checkpoint to resume, if any. A trainer that trains again continues its own run
+    in its folder."""
+    args, dist = trainer.args, trainer.dist
+    out = args.output_dir
+    if out is None:
+        return resolve(resume, out) if resume else None
+    held = run_folder.read_identity(out)
+    if not resume and held is not None and held["run_id"] == trainer.run_id:
+        return None  # train() again on this trainer: the same run continues
+    if not resume:
+        if dist.is_main:
+            _, moved = run_folder.claim_new(out, args, launch_of(trainer))
+            if moved:
+                print(f"[llm_marl] moved the previous contents of {out} aside to {moved}")
+        dist.barrier()
+        trainer.run_id = run_folder.read_identity(out)["run_id"]
+        return None
+    held = run_folder.check_resume(out, args, launch_of(trainer))
+    path = resolve(resume, out, held["run_id"] if held else None)
+    saved = run_id_of(path)
+    if held is not None and saved is not None and saved != held["run_id"]:
+        raise run_folder.RunFolderError(f"{path} belongs to run {saved}, but {out} holds run {held['run_id']}")
+    if held is None:  # a folder from before run identities, or a checkpoint from elsewhere
+        held = run_folder.new_identity(args, run_id=saved, launch=launch_of(trainer))
+        if dist.is_main:
+            run_folder.write_identity(out, held)
+    trainer.run_id = held["run_id"]
+    return path
+
+
 def same_state(path: str, other: str) -> bool:
     """True when checkpoints ``path`` and ``other`` hold the same training state: ``path`` is
     intact, every file but ``trainer_state.json`` has the same size and SHA-256 in both manifests,
     and ``trainer_state.json`` agrees on the state, the run id and the config fields a resume
     may not change (:data:`~llm_marl.runs.run_folder.RESUMABLE_FIELDS`). When it was written
     does not count."""
-    from llm_marl.runs.run_folder import RESUMABLE_FIELDS
-
     try:
         manifests = [_read_json(os.path.join(folder, "manifest.json")) for folder in (path, other)]
         saved = [_read_json(os.path.join(folder, "trainer_state.json")) for folder in (path, other)]

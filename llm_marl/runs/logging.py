@@ -190,3 +190,15 @@ def open_wandb(wandb_config: Mapping[str, Any] | None, run_config: Mapping[str, 
         )
         return None
     return WandbMirror(wandb.init(**wandb_init_kwargs(wandb_config, run_config, default_dir)))
+
+
+def flush_pending(pending: dict[str, list[float]], logger: Any, batch_step: int, every: int, force: bool = False) -> None:
+    """Log the mean of each pending metric at the index of the batch just trained (``batch_step -
+    1``) and empty ``pending``, every ``every`` batches (``logging_steps``) or when ``force``."""
+    if not pending or not (force or batch_step % every == 0):
+        return
+    import numpy as np
+
+    metrics = {name: float(np.mean(values)) for name, values in pending.items()}
+    pending.clear()
+    logger.log(metrics, batch_step - 1)

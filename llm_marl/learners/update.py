@@ -1,0 +1,275 @@
+"""The update: buffered samples -> mini-batches -> one all-or-nothing optimizer step of every agent.
+
+:class:`JointUpdate` is the part of every trainer that turns what the buffers hold into optimizer
+steps (mixed into :class:`~llm_marl.learners.reinforce.MAGRPOTrainer`). Its methods are the hooks
+a learner overrides: ``_minibatches`` (how a buffer is cut), ``_loss_sum`` (an agent's loss),
+``_team_backward`` (a team of adapters scored in one forward), ``_other_backwards`` (critics,
+reward models: what else steps with the agents). The invariant: mini-batch i of every agent is
+scored and its loss and gradient checked before any optimizer steps; a non-finite one raises
+``FloatingPointError`` and leaves weights, optimizer states, buffers and ``global_step`` as they
+were before that step.
+"""
+
+from __future__ import annotations
+
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import torch
+
+from llm_marl.learners.advantages import sample_losses
+from llm_marl.learners.buffer import Sample
+from llm_marl.learners.tree import ask_team
+from llm_marl.policies.base import Policy
+
+__all__ = ["JointUpdate", "default_optimizer"]
+
+
+def default_optimizer(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.Optimizer:
+    """AdamW with torch's fused kernel where every parameter allows it (floating point, on CPU or
+    CUDA), the usual per-tensor loop elsewhere. Both compute the same update."""
+    fusable = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    if fusable:
+        try:
+            return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)
+        except (RuntimeError, TypeError):  # a torch build without the fused kernel for this device
+            pass
+    return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+
+
+def _grad_norm(params: list[torch.nn.Parameter], max_norm: float | None) -> torch.Tensor:
+    """The total 2-norm of the gradients, after clipping them to ``max_norm`` when it is given."""
+    if max_norm is not None:
+        return torch.nn.utils.clip_grad_norm_(params, max_norm)
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    norms = torch._foreach_norm(grads) if hasattr(torch, "_foreach_norm") else [g.norm() for g in grads]
+    return torch.linalg.vector_norm(torch.stack([n.to(grads[0].device) for n in norms]))
+
+
+
+@dataclass
+class _Backward:
+    """One agent's scored mini-batch: its loss and gradient norm, or why it cannot be stepped."""
+
+    loss: float
+    grad_norm: float
+    log_prob_mean: float | None
+    error: str | None
+
+
+
+class JointUpdate:
+    """The update half of a trainer (module docstring). Needs ``args``, ``agents``, ``policies``,
+    ``buffers``, ``optimizers``, ``trainable``, ``dist``, ``state`` and ``_note``/``_last_good``."""
+
+    def _buffers_full(self) -> bool:
+        return all(len(self.buffers[a]) >= self.args.rollout_buffer_size for a in self.agents)
+
+    def _update(self) -> None:
+        """Consume every agent's buffer in mini-batches of train_batch_size, one optimizer step each.
+
+        All-or-nothing across agents: mini-batch i of every agent is scored and its loss and
+        gradient checked before any agent's optimizer steps. A non-finite loss or gradient raises
+        ``FloatingPointError`` and leaves every agent's weights and optimizer state, the samples
+        not yet trained on (still in the buffers) and ``global_step`` as they were before that
+        step; steps before it stand. Gradients of all agents are held at once for this.
+
+        Distributed: every rank takes the same number of steps (the most any rank needs); a rank
+        out of samples contributes zero gradient. parallel_training="mp": agents are scored
+        concurrently, each on its own device.
+        """
+        if not self.dist.max(int(any(len(buffer) for buffer in self.buffers.values()))):
+            return
+        if self.dist.enabled:
+            for agent in self.agents:
+                policy = self.policies[agent]
+                if hasattr(policy, "pending_observations"):
+                    policy.add_observations(self.dist.union(policy.pending_observations()))
+        size = self.args.resolved_train_batch_size
+        batches = {agent: self._minibatches(agent, size) for agent in self.agents}
+        counts = {agent: self.dist.max(len(batches[agent])) for agent in self.agents}
+        for i in range(max(counts.values())):
+            step = {
+                agent: batches[agent][i] if i < len(batches[agent]) else []
+                for agent in self.agents
+                if agent in self.optimizers and i < counts[agent]
+            }
+            self._joint_optimizer_step(step)
+            for agent in self.agents:
+                if i < len(batches[agent]):
+                    self.buffers[agent].discard(len(batches[agent][i]))
+            self.state.global_step += 1
+
+    def _minibatches(self, agent: str, size: int) -> list[list[Sample]]:
+        """``agent``'s buffer as this update's consecutive mini-batches (kept in the buffer until trained on)."""
+        return self.buffers[agent].batches(size)
+
+    def _joint_optimizer_step(self, step: dict[str, list[Sample]]) -> None:
+        """One optimizer step of every agent in ``step`` (agent -> mini-batch), or of none."""
+        agents = list(step)
+        concurrent = self.args.parallel_training == "mp" and not self.dist.enabled and len(agents) > 1
+        results: list[_Backward] = []
+        others: list[tuple[str, torch.optim.Optimizer, _Backward]] = []
+        try:
+            done = self._team_backward(step)  # each team of adapters: one forward, one backward
+            if concurrent:
+                with ThreadPoolExecutor(max_workers=len(agents)) as pool:
+                    results = list(pool.map(lambda agent: self._backward(agent, step[agent], done.get(agent)), agents))
+            else:
+                for agent in agents:  # stops at the first failure: the decision is the same on every rank
+                    results.append(self._backward(agent, step[agent], done.get(agent)))
+                    if results[-1].error:
+                        break
+            failed = next((r.error for r in results if r.error), None)
+            if not failed:
+                others = self._other_backwards(step)
+                failed = next((r.error for _, _, r in others if r.error), None)
+            if failed:
+                raise FloatingPointError(
+                    f"{failed}; no agent was updated (weights, optimizer states, buffered samples and "
+                    f"global_step are as before this step){self._last_good()}"
+                )
+        except BaseException:
+            for optimizer in [self.optimizers[agent] for agent in agents] + [o for _, o, _ in others]:
+                optimizer.zero_grad(set_to_none=True)
+            raise
+        for agent, result in zip(agents, results):
+            self.optimizers[agent].step()
+            self.optimizers[agent].zero_grad(set_to_none=True)
+            self._note(f"train/{agent}/loss", result.loss)
+            self._note(f"train/{agent}/grad_norm", result.grad_norm)
+            if result.log_prob_mean is not None:
+                self._note(f"train/{agent}/logprob_mean", result.log_prob_mean)
+        for name, optimizer, result in others:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            self._note(f"train/{name}/loss", result.loss)
+            self._note(f"train/{name}/grad_norm", result.grad_norm)
+
+    def _other_backwards(self, step: dict[str, list[Sample]]) -> list[tuple[str, torch.optim.Optimizer, "_Backward"]]:
+        """Gradients of what else learns from this step's mini-batches, after every agent's
+        gradient is known to be finite: ``(metric name, optimizer, _Backward)`` each, stepped
+        together with the agents or not at all. None here; actor-critic learners: their critics."""
+        return []
+
+    def _local_loss(self, batch: list[Sample], log_probs: torch.Tensor, total: int) -> torch.Tensor:
+        """This rank's share of the mean sample loss of ``batch`` (``total`` samples on all ranks)."""
+        advantages = torch.tensor([a for s in batch for a in s.advantages], device=log_probs.device)
+        return sample_losses(log_probs, advantages, [len(s.completions) for s in batch]).sum() / total
+
+    def _team_backward(self, step: Mapping[str, list[Sample]]) -> dict[str, tuple[torch.Tensor, float | None]]:
+        """For the agents of each team of adapters in ``step`` (at least two with samples): their
+        answers scored in ONE forward, their finite losses back-propagated in ONE backward (each
+        reaches only its agent's adapter). Returns agent -> (local loss, mean log-prob).
+        Distributed runs score agents one by one (every rank then makes the same collective
+        calls in the same order, whichever agents have samples there), as do learners whose
+        loss is not this class's ``_loss_sum`` (the actor-critic learners)."""
+        done: dict[str, tuple[torch.Tensor, float | None]] = {}
+        if self.dist.enabled or type(self)._loss_sum is not JointUpdate._loss_sum:
+            return done  # learners with their own loss (actor-critic) score agents one by one
+        with_samples = {agent: batch for agent, batch in step.items() if batch}
+        for group in _update_groups(self.policies, list(with_samples)):
+            if len(group) < 2:
+                continue
+            for agent in group:
+                self.optimizers[agent].zero_grad(set_to_none=True)
+            scored = _score_batches(self.policies, {a: with_samples[a] for a in group}, self.args.logprob_reduction)
+            finite = []
+            for agent in group:
+                local = self._local_loss(with_samples[agent], scored[agent], self.dist.sum(len(with_samples[agent])))
+                if torch.isfinite(local):
+                    finite.append(local)
+                done[agent] = (local, scored[agent].detach().mean().item())
+            if finite:
+                torch.stack([f.to(finite[0].device) for f in finite]).sum().backward()
+        return done
+
+    def _backward(
+        self, agent: str, batch: list[Sample], done: tuple[torch.Tensor, float | None] | None = None
+    ) -> "_Backward":
+        """Gradient of the mean sample loss of ``batch`` (of the union of the ranks' batches) in
+        the agent's parameters, summed over ranks and clipped; nothing is stepped. ``done``: the
+        loss and mean log-prob where the team's backward already ran (:meth:`_team_backward`)."""
+        optimizer, params = self.optimizers[agent], self.trainable[agent]
+        if done is not None:  # back-propagated with its team: only sum over ranks, check and clip
+            local, log_prob_mean = done
+            return self._gradient(f"agent {agent!r}", params, local.detach(), batch, log_prob_mean)
+        total = self.dist.sum(len(batch))
+        optimizer.zero_grad(set_to_none=True)
+        local = torch.zeros((), dtype=torch.float64)
+        log_prob_mean = None
+        if batch:
+            loss_sum, log_prob_mean = self._loss_sum(agent, batch)
+            local = loss_sum / total
+        return self._gradient(f"agent {agent!r}", params, local, batch, log_prob_mean)
+
+    def _loss_sum(self, agent: str, batch: list[Sample]) -> tuple[torch.Tensor, float]:
+        """The sum over ``batch`` of each sample's loss mean_k(-A_k log pi(answer_k)), differentiable,
+        and the mean log pi of its answers."""
+        observations = [s.observation for s in batch for _ in s.completions]
+        completions = [c for s in batch for c in s.completions]
+        log_probs = self.policies[agent].log_probs(observations, completions, reduction=self.args.logprob_reduction)
+        advantages = torch.tensor([a for s in batch for a in s.advantages], device=log_probs.device)
+        losses = sample_losses(log_probs, advantages, [len(s.completions) for s in batch])
+        return losses.sum(), log_probs.detach().mean().item()
+
+    def _gradient(
+        self, who: str, params: list[torch.nn.Parameter], local: torch.Tensor, batch: list[Sample], log_prob_mean: float | None = None
+    ) -> "_Backward":
+        """Backpropagate this rank's share ``local`` of a mini-batch loss, sum the gradients of
+        ``params`` over ranks and clip them; errors name ``who``, the optimizer step and the items."""
+        if local.requires_grad and torch.isfinite(local):
+            local.backward()
+        loss = self.dist.sum(local.item())
+        where = f"{who}, optimizer step {self.state.global_step + 1}, items {sorted({s.index for s in batch})}"
+        if not math.isfinite(loss):
+            return _Backward(loss, math.nan, log_prob_mean, f"{where}: loss is {loss}")
+        self.dist.sum_gradients(params)
+        grad_norm = _grad_norm(params, self.args.max_grad_norm).item()
+        if not math.isfinite(grad_norm):
+            return _Backward(loss, grad_norm, log_prob_mean, f"{where}: gradient norm is {grad_norm}")
+        return _Backward(loss, grad_norm, log_prob_mean, None)
+
+
+def _update_groups(policies: Mapping[str, Policy], agents: Sequence[str]) -> list[list[str]]:
+    """Agents updated together: each team of adapters (policies sharing a ``team`` that scores
+    with ``log_probs(requests)``) is one group, every other agent its own, in agent order."""
+    groups: list[list[str]] = []
+    by_team: dict[int, list[str]] = {}
+    for agent in agents:
+        team = getattr(policies[agent], "team", None)
+        if team is None or not hasattr(team, "log_probs"):
+            groups.append([agent])
+        elif id(team) in by_team:
+            by_team[id(team)].append(agent)
+        else:
+            by_team[id(team)] = [agent]
+            groups.append(by_team[id(team)])
+    return groups
+
+
+
+def _score_batches(
+    policies: Mapping[str, Policy], batches: Mapping[str, list[Sample]], reduction: str
+) -> dict[str, torch.Tensor]:
+    """Each agent's log-probs of its batch's answers; a team's agents in one forward."""
+    requests = {
+        agent: ([s.observation for s in batch for _ in s.completions], [c for s in batch for c in s.completions])
+        for agent, batch in batches.items()
+        if batch
+    }
+    scored: dict[str, torch.Tensor] = {}
+    for group in _update_groups(policies, list(requests)):
+        team = getattr(policies[group[0]], "team", None)
+        if len(group) > 1 and team is not None:
+            scored.update(ask_team(policies, group, requests, lambda asked: team.log_probs(asked, reduction=reduction)))
+        else:
+            for agent in group:
+                scored[agent] = policies[agent].log_probs(*requests[agent], reduction=reduction)
+    return scored
+
+
