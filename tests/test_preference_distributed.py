@@ -5,6 +5,7 @@ exactly like one process on both items."""
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 
@@ -47,7 +48,10 @@ def test_two_gloo_ranks_match_one_process_on_the_union(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT.format(tests=TESTS, out=str(out), weights=str(weights)))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29531", str(script)],
+    with socket.socket() as probe:  # a free port: other test runs on this machine may hold a fixed one
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    result = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(port), str(script)],
                             capture_output=True, text=True, timeout=300, env=env)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     saved = [torch.load(weights / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
