@@ -39,7 +39,8 @@ import torch
 from llm_marl.learners import preference_math as pm
 from llm_marl.learners.buffer import Sample
 from llm_marl.learners.config import MAGRPOConfig, _at_least, _one_of, _positive
-from llm_marl.learners.reinforce import MAGRPOTrainer, _score_batches
+from llm_marl.learners.reinforce import MAGRPOTrainer
+from llm_marl.learners.update import _score_batches
 from llm_marl.learners.tree import RolloutNode, derive_seed, iter_nodes
 from llm_marl.policies.base import Completion, Policy
 
