@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from llm_marl.envs import make
-from llm_marl.tasks.naming import CATEGORIES, NameMatch, named_item
+from llm_marl.tasks.naming import CATEGORIES, NameMatch, named_item, named_items
 
 
 def test_named_item_finds_the_first_member_as_a_whole_word():
@@ -17,6 +17,8 @@ def test_named_item_finds_the_first_member_as_a_whole_word():
     assert named_item("I am grapeful", fruit) is None
     assert named_item("North America", CATEGORIES["continent"]) == "north america"
     assert named_item("", fruit) is None
+    assert named_items("Blue - Green: Black", CATEGORIES["colour"]) == ["blue", "green", "black"]
+    assert named_items("I love North America", CATEGORIES["continent"]) == ["north america"]
 
 
 @pytest.mark.parametrize(
@@ -27,12 +29,17 @@ def test_named_item_finds_the_first_member_as_a_whole_word():
         ("Apple.", "Sure!", 0.25, 0.0),
         ("Sure!", "Sure!", 0.0, 0.0),  # agreeing on a non-member earns nothing
         ("Apple.", "The fruit I would choose today is an apple", 0.25, 0.0),  # 9 words > max_words
+        ("Apples", "Apple, banana", 0.25, 0.0),  # a list names more than one
+        ("1. Apple", "Apple", 0.25, 0.0),  # digits: not an answer in words
+        ("North America", "north america", 1.0, 1.0),
     ],
 )
 def test_reward_is_validity_plus_agreement(first, second, reward, match):
     task = NameMatch()
     item = task.dataset("train")[0]
-    assert item["category"] == "fruit"
+    if first.lower().startswith("north"):
+        item = next(row for row in task.dataset("train") if row["category"] == "continent")
+    assert item["category"] in ("fruit", "continent")
     value, details = task.reward(item, {"player_1": first, "player_2": second}, [])
     assert value == pytest.approx(reward) and details["match"] == match
 

@@ -23,10 +23,11 @@ Dataset                  one row per (category, phrasing) of :data:`CATEGORIES` 
                          "category", "prompt"}``
 =======================  =================================================================
 
-An answer's item is the member of the category's list that occurs first in it (lower-cased,
-letters only, a plural ``s``/``es`` allowed); an answer is valid when it names one and has at
-most ``max_words`` words (default 8), so "Sure! A fruit that many people like is the mango,
-which" is not an answer, and agreeing on a word that is no member ("Sure") earns nothing.
+An answer's item is the member of the category's list that it names (lower-cased, letters only,
+a plural ``s``/``es`` allowed); an answer is valid when it names exactly one member, has no
+digits and at most ``max_words`` words (default 8). So "Sure! A fruit that many people like is
+the mango, which" is not an answer, nor is a list ("1. Blue - Green - Black"), and agreeing on
+a word that is no member ("Sure") earns nothing.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ import datasets
 
 from llm_marl.tasks.base import CooperativeTask
 
-__all__ = ["CATEGORIES", "NameMatch", "named_item"]
+__all__ = ["CATEGORIES", "NameMatch", "named_item", "named_items"]
 
 CATEGORIES: dict[str, tuple[str, ...]] = {
     "fruit": ("apple", "banana", "orange", "mango", "grape", "strawberry", "pear", "peach", "cherry", "pineapple", "lemon", "watermelon", "kiwi", "plum"),
@@ -83,23 +84,28 @@ def _words(text: str) -> list[str]:
     return re.findall(r"[a-z]+", text.lower())
 
 
-def named_item(answer: str, members: Sequence[str]) -> str | None:
-    """The member of ``members`` that occurs first in ``answer`` (whole words, lower-cased,
-    a plural ``s``/``es`` allowed), or None."""
+def named_items(answer: str, members: Sequence[str]) -> list[str]:
+    """The members of ``members`` that ``answer`` names (whole words, lower-cased, a plural
+    ``s``/``es`` allowed), in the order they occur; a member inside a longer one that is also
+    named ("america" in "north america") is not counted."""
     words = _words(answer)
-    best: tuple[int, int, str] | None = None
+    found: list[tuple[int, int, str]] = []
     for member in members:
         parts = member.split()
         n = len(parts)
         for i in range(len(words) - n + 1):
             window = words[i : i + n]
-            last = window[-1]
-            if window[:-1] == parts[:-1] and last in (parts[-1], parts[-1] + "s", parts[-1] + "es"):
-                key = (i, -n, member)  # earliest; at one position the longer member ("north america")
-                if best is None or key < best:
-                    best = key
+            if window[:-1] == parts[:-1] and window[-1] in (parts[-1], parts[-1] + "s", parts[-1] + "es"):
+                found.append((i, i + n, member))
                 break
-    return None if best is None else best[2]
+    kept = [f for f in found if not any(o != f and o[0] <= f[0] and f[1] <= o[1] for o in found)]
+    return [member for _, _, member in sorted(kept)]
+
+
+def named_item(answer: str, members: Sequence[str]) -> str | None:
+    """The member of ``members`` that occurs first in ``answer`` (see :func:`named_items`), or None."""
+    items = named_items(answer, members)
+    return items[0] if items else None
 
 
 class NameMatch(CooperativeTask):
@@ -145,9 +151,10 @@ class NameMatch(CooperativeTask):
         members = self.categories[item["category"]]
         items, valid = {}, {}
         for agent in self.agents:
-            found = named_item(actions[agent], members)
-            items[agent] = found
-            valid[agent] = found is not None and len(_words(actions[agent])) <= self.max_words
+            found = set(named_items(actions[agent], members))
+            items[agent] = found.pop() if len(found) == 1 else None
+            text = actions[agent]
+            valid[agent] = items[agent] is not None and not re.search(r"\d", text) and len(_words(text)) <= self.max_words
         same = all(valid.values()) and len(set(items.values())) == 1
         value = 0.25 * sum(valid.values()) + 0.5 * same
         details = {"match": float(same), "valid": sum(valid.values()) / len(valid), **{f"{a}_item": items[a] or "" for a in self.agents}}
