@@ -184,3 +184,26 @@ def test_a_team_samples_in_bf16_scores_exactly_and_refreshes_only_the_adapters(m
     stale = perturbed_team(model_dir, sample_dtype="bfloat16")
     assert team_sampled(stale, 3) != expected_now  # the step changed what is sampled
     assert before_step != now
+
+
+def test_the_drop_in_constructor_gives_an_adapter_team_its_bf16_sampler(model_dir):
+    # Planted bug caught: team_options not passing sample_dtype (the team samples in fp32).
+    from datasets import Dataset
+    from transformers import AutoTokenizer
+
+    from llm_marl.learners import MAGRPOTrainer
+
+    args = MAGRPOConfig(
+        num_agents=2, num_turns=1, num_generations=2, num_train_epochs=1, max_new_tokens=4, temperature=1.0, top_p=1.0,
+        top_k=None, early_termination_threshold=None, eval_interval=0, rollout_buffer_size=2, progress_bar=False,
+        output_dir=None, lora_r=4, lora_alpha=8.0, sample_dtype="bfloat16",
+    )
+    trainer = MAGRPOTrainer(
+        agent_model=str(model_dir), tokenizer=AutoTokenizer.from_pretrained(str(model_dir)),
+        reward_func=lambda a, b: [float(len(a[0]) + len(b[0]))], formatters=lambda item: item["prompt"],
+        train_dataset=Dataset.from_list([{"prompt": p} for p in PROMPTS[:2]]), args=args,
+    )
+    trainer.train()
+    team = next(iter(trainer.policies.values())).team
+    assert all(p.sample_dtype == "bfloat16" for p in trainer.policies.values())
+    assert team._shadow is not None and team._shadow.dtype == torch.bfloat16
