@@ -35,7 +35,7 @@ def mean_eval_reward(trainer):
 
 
 def team_options(**overrides):
-    options, _ = _run_options(parser().parse_args(["train", "--lora_r", "8"]), use_default=True)
+    options, _ = _run_options(parser().parse_args(["train", "--model", "tiny", "--lora_r", "8"]), use_default=True)
     options.update(train_items=48, progress_bar=False, **overrides)
     return options
 
@@ -58,7 +58,7 @@ def test_the_cli_default_run_with_lora_r_is_a_team_with_the_adapter_learning_rat
     rest = {k: v for k, v in DEFAULT_RUN.items() if k not in DEFAULT_TEAM_RUN}
     assert {k: v for k, v in options.items() if k not in DEFAULT_TEAM_RUN and k not in ("lora_r", "seed", "import")} == {
         **rest, "train_items": 48, "progress_bar": False}
-    explicit, _ = _run_options(parser().parse_args(["train", "--lora_r", "8", "--agent_learning_rate", "1e-3"]), True)
+    explicit, _ = _run_options(parser().parse_args(["train", "--model", "tiny", "--lora_r", "8", "--agent_learning_rate", "1e-3"]), True)
     assert explicit["agent_learning_rate"] == 1e-3  # a flag given wins
 
 
