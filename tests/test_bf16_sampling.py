@@ -207,3 +207,19 @@ def test_the_drop_in_constructor_gives_an_adapter_team_its_bf16_sampler(model_di
     team = next(iter(trainer.policies.values())).team
     assert all(p.sample_dtype == "bfloat16" for p in trainer.policies.values())
     assert team._shadow is not None and team._shadow.dtype == torch.bfloat16
+
+
+def test_the_drop_in_constructor_gives_full_models_their_bf16_sampler(model_dir):
+    # Planted bug caught: _full_models not passing args.sample_dtype (each agent samples in fp32).
+    from llm_marl.learners import MAGRPOTrainer
+
+    args = MAGRPOConfig(
+        num_agents=2, num_turns=1, num_generations=2, num_train_epochs=1, max_new_tokens=4, temperature=1.0, top_p=1.0,
+        top_k=None, early_termination_threshold=None, eval_interval=0, rollout_buffer_size=2, progress_bar=False,
+        sample_dtype="bfloat16",
+    )
+    trainer = MAGRPOTrainer(agent_model=str(model_dir), reward_func=lambda a, b: [float(len(a[0]) + len(b[0]))],
+                            formatters=lambda item: item["prompt"], train_dataset=[{"prompt": p} for p in PROMPTS[:2]], args=args)
+    assert [p.sample_dtype for p in trainer.policies.values()] == ["bfloat16", "bfloat16"]
+    trainer.train()
+    assert trainer.state.global_step >= 1

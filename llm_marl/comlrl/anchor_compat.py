@@ -266,6 +266,7 @@ def _full_models(
             top_p=args.top_p,
             top_k=args.top_k,
             max_batch_size=args.generation_batch_size,
+            sample_dtype=args.sample_dtype,
             device=devices[i],
         )
         for i, (model, tok) in enumerate(zip(models, tokenizers))
