@@ -144,3 +144,26 @@ def test_settings_are_saved_and_the_team_keeps_the_template(model, tokenizer, tm
     for agent in ("left", "right"):
         alone = team.policies[agent].log_probs(*pairs[agent])
         torch.testing.assert_close(together[agent], alone, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("lora_r", [None, 2], ids=["full-models", "adapter-team"])
+def test_comlrl_scripts_keep_raw_formatter_text_unless_they_opt_in(model, tokenizer, tmp_path, lora_r):
+    """A script written for CoMLRL sends its formatters' text as is (CoMLRL applies no chat
+    template), even when the tokenizer has one; ``model_config={"chat_template": True}`` opts in."""
+    from llm_marl.comlrl.trainers import MAGRPOConfig, MAGRPOTrainer
+
+    folder = tmp_path / "chat-llama"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    args = MAGRPOConfig(num_agents=2, num_turns=1, num_generations=2, max_new_tokens=4, lora_r=lora_r,
+                        **({"lora_target_modules": ["q_proj", "v_proj"]} if lora_r else {}))
+
+    def build(**extra):
+        return MAGRPOTrainer(agent_model=str(folder), reward_func=lambda a, b: [1.0], formatters=lambda item: item["prompt"],
+                             train_dataset=[{"prompt": PROMPTS[0]}], args=args, **extra)
+
+    for policy in build().policies.values():
+        assert not policy.uses_chat_template
+        assert policy.encode_prompts([PROMPTS[0]]) == [tokenizer(PROMPTS[0])["input_ids"]]
+    for policy in build(model_config={"chat_template": True}).policies.values():
+        assert policy.encode_prompts([PROMPTS[0]]) == [_template_ids(tokenizer, [{"role": "user", "content": PROMPTS[0]}])]

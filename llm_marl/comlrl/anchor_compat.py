@@ -17,8 +17,12 @@ Choices where the anchor library is silent or differs:
   the agents: they would train one set of weights; pass copies, or ``agent_model=m``.
 - Without ``eval_dataset`` there is nothing to evaluate: ``evaluate()`` warns once and returns
   ``{}`` (CoMLRL returns nothing there); training items are never evaluated as eval items.
-- ``model_config`` keys: ``dtype`` (or ``torch_dtype``), ``attn_implementation``, and
-  ``special_tokens`` (a dict passed to ``tokenizer.add_special_tokens``; embeddings are resized).
+- ``model_config`` keys: ``dtype`` (or ``torch_dtype``), ``attn_implementation``,
+  ``special_tokens`` (a dict passed to ``tokenizer.add_special_tokens``; embeddings are resized),
+  and ``chat_template``: False by default, so the formatters' text reaches the model as is, as in
+  CoMLRL, even when the tokenizer has a chat template; True (or None: when the tokenizer has
+  one) renders each prompt as a user message in the template (``CausalLMPolicy(chat_template=)``).
+- ``agent_model`` may be a named model (``"smollm2-135m"``, :mod:`llm_marl.policies.models`).
 - ``wandb_config``: the same metrics also go to a W&B run built from it
   (:func:`llm_marl.runs.logging.open_wandb`; optional extra ``llm_marl[wandb]``).
 - ``args.output_dir`` None (CoMLRL's config has no such field): the run still leaves a record,
@@ -267,6 +271,7 @@ def _full_models(
             top_k=args.top_k,
             max_batch_size=args.generation_batch_size,
             sample_dtype=args.sample_dtype,
+            chat_template=model_config.get("chat_template", False),  # CoMLRL sends the formatters' raw text
             device=devices[i],
         )
         for i, (model, tok) in enumerate(zip(models, tokenizers))
@@ -296,7 +301,9 @@ def _adapter_team(
     devices = set(args.agent_devices or [None])
     if len(devices) > 1:
         raise ValueError(f"args.lora_r: the adapters share one base model on one device; agent_devices lists {sorted(devices)}")
-    team = LoRATeam.from_model(base, tok, [f"agent_{i}" for i in range(count)], **team_options(args))
+    team = LoRATeam.from_model(
+        base, tok, [f"agent_{i}" for i in range(count)], chat_template=model_config.get("chat_template", False), **team_options(args)
+    )
     device = devices.pop()
     if device is not None:
         team.to(device)
@@ -316,7 +323,9 @@ def _tokenizers(tokenizer: Any, sources: list[Any]) -> list[Any]:
     for i, source in enumerate(sources):
         if not isinstance(source, str):
             raise ValueError(f"agent {i} is a loaded model: pass tokenizer= (one, or a list with one per agent)")
-        loaded.append(AutoTokenizer.from_pretrained(source))
+        from llm_marl.policies.models import resolve_model
+
+        loaded.append(AutoTokenizer.from_pretrained(resolve_model(source)))  # a named model: its folder
     return loaded
 
 
