@@ -62,7 +62,7 @@ LEARNERS = {
 RUN_KEYS = ("env", "policy", "model", "learner", "actions", "train_items", "import", "system_prompt")
 """Keys of a run (flags and YAML) that are not config fields."""
 
-SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k")
+SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "sample_dtype")
 """Config fields that set a language-model policy's sampling."""
 
 DEFAULT_RUN: dict[str, Any] = {
@@ -117,7 +117,7 @@ layer at 5e-3 +0.103/+0.107/+0.057, at 6e-3 +0.127/+0.151/+0.093 (chosen), at 7e
 
 
 MAIN_RUN: dict[str, Any] = {
-    "env": "llm_marl.tasks.naming:NameMatch",
+    "env": "NameMatch-v0",
     "policy": "lm",
     "model": "smollm2-135m",
     "learner": "magrpo",
@@ -441,7 +441,7 @@ def _make_policies(options: dict[str, Any], env: Any, args: Any, explicit: set[s
                     policy = CausalLMPolicy.from_pretrained(folder, **settings)
                 except OSError as exc:
                     raise UsageError(f"--model {path}: cannot load it ({str(exc).splitlines()[0]})") from None
-            shown = ", ".join(f"{f}={getattr(policy, f)!r}" for f in SAMPLING_FIELDS)
+            shown = ", ".join(f"{f}={getattr(policy, f)!r}" for f in SAMPLING_FIELDS if f != "sample_dtype" or policy.sample_dtype)
             origin = f"; saved with the model, {SETTINGS_FILE}" if saved else ""
             print(f"llm-marl: {agent}: model {path} ({shown}{origin})")
             policies.append(policy)

@@ -223,3 +223,12 @@ def test_the_drop_in_constructor_gives_full_models_their_bf16_sampler(model_dir)
     assert [p.sample_dtype for p in trainer.policies.values()] == ["bfloat16", "bfloat16"]
     trainer.train()
     assert trainer.state.global_step >= 1
+
+
+def test_the_cli_gives_full_models_their_bf16_sampler():
+    # Planted bug caught: sample_dtype missing from cli.SAMPLING_FIELDS (the flag silently ignored).
+    from llm_marl.cli import build_trainer
+
+    trainer = build_trainer({"env": "WritingCollab-v0", "policy": "lm", "model": "tiny", "num_turns": 1, "max_new_tokens": 4,
+                             "progress_bar": False, "train_items": 2, "sample_dtype": "bfloat16"})
+    assert [p.sample_dtype for p in trainer.policies.values()] == ["bfloat16", "bfloat16"]

@@ -57,8 +57,8 @@ def test_splits_ask_the_same_categories_in_different_words():
         NameMatch(num_turns=2)
 
 
-def test_the_env_by_entry_point_plays_one_turn():
-    env = make("llm_marl.tasks.naming:NameMatch", split="eval")
+def test_the_registered_env_plays_one_turn():
+    env = make("NameMatch-v0", split="eval")
     observations, _ = env.reset(options={"index": 0})
     assert observations == {"player_1": "Which fruit comes to mind first?", "player_2": "Which fruit comes to mind first?"}
     _, rewards, terminations, _, infos = env.step({"player_1": "Apple", "player_2": "Apple"})

@@ -29,6 +29,7 @@ ALPHA_REWARD = {
     "CoopCodeMultiTurn-v0": -MAX_SCORE,
     "WritingCollab-v0": 0.0,
     "WritingCollabMultiTurn-v0": 0.0,
+    "NameMatch-v0": 0.0,  # "alpha" names no member of the category
 }
 
 

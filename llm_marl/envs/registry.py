@@ -91,6 +91,7 @@ SHIPPED: dict[str, tuple[str, dict[str, Any]]] = {
     "WritingCollabMultiTurn-v0": ("llm_marl.tasks.writing:WritingCollab", {"num_turns": 2}),
     "CoopCode-v0": ("llm_marl.tasks.code:CoopCodeTask", {"num_turns": 1}),
     "CoopCodeMultiTurn-v0": ("llm_marl.tasks.code:CoopCodeTask", {"num_turns": 2}),
+    "NameMatch-v0": ("llm_marl.tasks.naming:NameMatch", {"num_turns": 1}),
 }
 
 _REGISTRY: dict[str, EnvSpec] = {}
