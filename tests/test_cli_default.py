@@ -51,7 +51,10 @@ def test_the_default_run_says_no_arguments_only_when_there_were_none(monkeypatch
 
 
 def test_num_turns_equal_to_a_fixed_length_factorys_horizon_is_accepted(tmp_path, capsys, monkeypatch):
+    from llm_marl.envs import registry
+
     monkeypatch.syspath_prepend(os.path.dirname(__file__))
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))  # the entry point registers itself: not for later tests
     out = tmp_path / "r"
     assert main(["train", "--env", "cli_envs:make_sum_target", "--num_turns", "1", "--max_steps", "1", "--output_dir", str(out)]) == 0
     assert (out / "summary.json").is_file()
