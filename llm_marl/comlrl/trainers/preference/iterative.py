@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_marl.comlrl.trainers.preference.centralized import centralized_keywords, check_adapter
+from llm_marl.comlrl.trainers.preference.marlhf import RLPhaseKeywords
 from llm_marl.learners import preference_iter as _iter
 from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
 
@@ -52,30 +53,12 @@ class MADPOIterTrainer(CoMLRLTrain, _iter.MADPOIterTrainer):
         super().__init__(*args, **kwargs)
 
 
-class MARLHFIterTrainer(CoMLRLTrain, _iter.MARLHFIterTrainer):
+class MARLHFIterTrainer(RLPhaseKeywords, CoMLRLTrain, _iter.MARLHFIterTrainer):
     """:class:`llm_marl.learners.preference_iter.MARLHFIterTrainer` with CoMLRL's keywords and
-    ``train()``; ``metrics_callback``, ``critic_model`` and ``critics`` go to the IAC / MAAC RL phase."""
+    ``train()``; ``metrics_callback``, ``critic_model`` and ``critics`` go to the IAC / MAAC RL
+    phase (:class:`~llm_marl.comlrl.trainers.preference.marlhf.RLPhaseKeywords`)."""
 
     config_class = MARLHFIterConfig
-
-    def __init__(self, *args: Any, centralized_comparator_adapter: Any = None, metrics_callback: Any = None,
-                 critic_model: Any = None, critics: Any = None, **kwargs: Any):
-        self.centralized_comparator_adapter = check_adapter(centralized_comparator_adapter)
-        kwargs["centralized_comparator_adapter"] = self.centralized_comparator_adapter
-        kwargs = centralized_keywords(args, kwargs)
-        if getattr(self, "actor_critic", False):  # rl_algorithm "iac" / "maac": IAC's and MAAC's keywords
-            kwargs.update(metrics_callback=metrics_callback, critic_model=critic_model, critics=critics)
-        else:
-            given = [name for name, value in (("critic_model", critic_model), ("critics", critics)) if value is not None]
-            if given:
-                raise ValueError(f"{', '.join(given)}: critics belong to rl_algorithm 'iac' or 'maac' (got {self.args_algorithm(args, kwargs)!r})")
-            self.metrics_callback = metrics_callback
-        super().__init__(*args, **kwargs)
-
-    @staticmethod
-    def args_algorithm(args: Any, kwargs: dict) -> Any:
-        config = kwargs.get("args", args[2] if len(args) > 2 else None)
-        return getattr(config, "rl_algorithm", None)
 
 
 __all__ = ["MADPOIterConfig", "MADPOIterTrainer", "MARLHFIterConfig", "MARLHFIterTrainer"]

@@ -26,12 +26,10 @@ class MARLHFConfig(_reward_model.MARLHFConfig):
         super().__post_init__()
 
 
-class MARLHFTrainer(CoMLRLTrain, _reward_model.MARLHFTrainer):
-    """:class:`llm_marl.learners.reward_model.MARLHFTrainer` with CoMLRL's keywords and
-    ``train()``. ``metrics_callback``, ``critic_model`` and ``critics`` go to the IAC / MAAC RL
-    phase (rl_algorithm "iac"/"maac"); with the MAGRPO family critics are refused."""
-
-    config_class = MARLHFConfig
+class RLPhaseKeywords:
+    """CoMLRL's MARLHF keywords (mixed in before a MARLHF trainer): ``centralized_comparator_adapter``,
+    and ``metrics_callback``, ``critic_model`` and ``critics``, which go to the IAC / MAAC RL phase
+    (rl_algorithm "iac"/"maac"); with the MAGRPO family critics are refused."""
 
     def __init__(self, *args: Any, centralized_comparator_adapter: Any = None, metrics_callback: Any = None,
                  critic_model: Any = None, critics: Any = None, **kwargs: Any):
@@ -51,6 +49,13 @@ class MARLHFTrainer(CoMLRLTrain, _reward_model.MARLHFTrainer):
     def args_algorithm(args: Any, kwargs: dict) -> Any:
         config = kwargs.get("args", args[2] if len(args) > 2 else None)
         return getattr(config, "rl_algorithm", None)
+
+
+class MARLHFTrainer(RLPhaseKeywords, CoMLRLTrain, _reward_model.MARLHFTrainer):
+    """:class:`llm_marl.learners.reward_model.MARLHFTrainer` with CoMLRL's keywords and
+    ``train()`` (:class:`RLPhaseKeywords`)."""
+
+    config_class = MARLHFConfig
 
 
 __all__ = ["JointRewardModel", "MARLHFConfig", "MARLHFTrainer"]
