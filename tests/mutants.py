@@ -34,7 +34,16 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-IGNORED = shutil.ignore_patterns(".git", ".venv", "venv", "__pycache__", "*.pyc", ".pytest_cache", "runs", "*.egg-info", ".hypothesis")
+_IGNORED_EVERYWHERE = shutil.ignore_patterns(".git", ".venv", "venv", "__pycache__", "*.pyc", ".pytest_cache", "*.egg-info", ".hypothesis")
+
+
+def IGNORED(folder: str, names: list[str]) -> set[str]:
+    """What the copy leaves out: caches and environments anywhere, run folders (``runs/``) at the
+    top only (``llm_marl/runs/`` is a package)."""
+    ignored = set(_IGNORED_EVERYWHERE(folder, names))
+    if os.path.abspath(folder) == REPO and "runs" in names:
+        ignored.add("runs")
+    return ignored
 
 
 @dataclass(frozen=True)
