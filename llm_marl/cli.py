@@ -479,7 +479,23 @@ def _model_paths(model: Any, agents: Sequence[str]) -> list[str]:
         local = path.startswith(("/", ".", "~")) or path.count("/") > 1 or os.sep != "/" and os.sep in path
         if path != "tiny" and local and not os.path.exists(os.path.expanduser(path)):
             raise UsageError(f"--model {path}: no such folder (give a model folder, a hub id such as gpt2, or 'tiny')")
+        _check_not_a_misspelt_name(path)
     return paths
+
+
+def _check_not_a_misspelt_name(model: str) -> None:
+    """A ``--model`` that is no folder but nearly a model name is a typo, refused at once (instead
+    of minutes of hub retries ending in a connection error)."""
+    import difflib
+
+    from llm_marl.policies.models import MODELS
+
+    names = [*MODELS, "tiny"]
+    if model in names or os.path.exists(os.path.expanduser(model)):
+        return
+    near = difflib.get_close_matches(model.lower(), names, n=1, cutoff=0.75)
+    if near:
+        raise UsageError(f"--model {model}: no such folder or named model; did you mean {near[0]}? (`llm-marl models` lists them)")
 
 
 def _saved_adapters(model: Any, agents: Sequence[str]) -> dict[str, str] | None:
@@ -502,6 +518,7 @@ def _adapter_team(model: Any, env: Any, args: Any, system_prompt: str | None = N
     if isinstance(model, list) or "," in str(model):
         raise UsageError(f"--lora_r: the agents are adapters of ONE base model; give one --model, not {model!r}")
     agents = list(env.possible_agents)
+    _check_not_a_misspelt_name(str(model))
     saved = _saved_adapters(model, agents)
     if saved is not None:
         with open(os.path.join(saved[agents[0]], "adapter_config.json"), encoding="utf-8") as handle:

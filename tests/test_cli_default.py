@@ -101,3 +101,12 @@ def test_the_summary_shows_each_eval_prompt_with_its_answers_before_and_after():
         "  after  player_1: 'Apple.'",
         "  after  player_2: 'Apple.'",
     ]
+
+
+@pytest.mark.parametrize("flags", [["--model", "smolm2-135m"], ["--model", "smollm2-135M", "--lora_r", "4"], ["--model", "tiyn"]])
+def test_a_misspelt_model_name_is_refused_at_once_with_the_name_it_meant(tmp_path, capsys, flags):
+    assert main(["train", *flags, "--output_dir", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such folder or named model; did you mean" in err[0]
+    assert ("tiny" if "tiyn" in flags else "smollm2-135m") in err[0]
+    assert not (tmp_path / "r").exists()
