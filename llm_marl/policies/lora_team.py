@@ -406,7 +406,8 @@ class LoRATeam:
             absent = [a for a in agents if a not in folders or not (folders[a] / "adapter_config.json").is_file()]
             if absent:
                 raise FileNotFoundError(f"{adapters}: no saved adapter for agent(s) {absent} (expected <folder>/<agent>/adapter_config.json)")
-            model = PeftModel.from_pretrained(base, str(folders[agents[0]]), adapter_name=agents[0], is_trainable=True)
+            with _quiet_peft():
+                model = PeftModel.from_pretrained(base, str(folders[agents[0]]), adapter_name=agents[0], is_trainable=True)
             for agent in agents[1:]:
                 model.load_adapter(str(folders[agent]), adapter_name=agent, is_trainable=True)
         else:
@@ -423,7 +424,8 @@ class LoRATeam:
             # team built twice is the same team (and a resumed run starts where the first did).
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(init_seed)
-                model = get_peft_model(base, config, adapter_name=agents[0])
+                with _quiet_peft():
+                    model = get_peft_model(base, config, adapter_name=agents[0])
                 for i, agent in enumerate(agents[1:], start=1):
                     torch.manual_seed(init_seed + i)
                     model.add_adapter(agent, config)
@@ -601,6 +603,17 @@ def team_options(args: Any) -> dict[str, Any]:
         max_batch_size=args.generation_batch_size,
         sample_dtype=getattr(args, "sample_dtype", None),
     )
+
+
+@contextmanager
+def _quiet_peft() -> Iterator[None]:
+    """Wrapping a model, peft reads transformers' deprecated ``is_gradient_checkpointing``; its
+    FutureWarning says nothing about this library's use and is not shown."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*deprecated", category=FutureWarning)
+        yield
 
 
 def _check_agents(agents: Sequence[str]) -> list[str]:
