@@ -254,6 +254,7 @@ def _full_models(
 ) -> tuple[list[Any], list[Any]]:
     """One model (and tokenizer) per agent, each wrapped in a CausalLMPolicy."""
     from llm_marl.policies.causal_lm import CausalLMPolicy
+    from llm_marl.policies.lora_team import policy_options
 
     if not shared:
         _check_distinct_models(sources)
@@ -265,12 +266,7 @@ def _full_models(
         CausalLMPolicy(
             model,
             tok,
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            max_batch_size=args.generation_batch_size,
-            sample_dtype=args.sample_dtype,
+            **policy_options(args),
             chat_template=model_config.get("chat_template", False),  # CoMLRL sends the formatters' raw text
             device=devices[i],
         )

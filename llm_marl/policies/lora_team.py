@@ -587,21 +587,30 @@ class LoRATeam:
         return f"LoRATeam({self.name!r}, agents={self.agents})"
 
 
-def team_options(args: Any) -> dict[str, Any]:
-    """The :meth:`LoRATeam.from_model` keywords a trainer config carries: the adapter shape
-    (``lora_r``, ``lora_alpha``, ``lora_target_modules``), ``gradient_checkpointing`` and the
-    sampling settings (``generation_batch_size`` as ``max_batch_size``, ``sample_dtype``)."""
+def policy_options(args: Any) -> dict[str, Any]:
+    """The :class:`CausalLMPolicy` sampling settings a trainer config carries (``max_new_tokens``,
+    ``temperature``, ``top_p``, ``top_k``, ``generation_batch_size`` as ``max_batch_size``,
+    ``sample_dtype``): for full-model agents and adapter agents alike."""
     return dict(
-        r=args.lora_r,
-        alpha=args.lora_alpha,
-        target_modules=args.lora_target_modules,
-        gradient_checkpointing=args.gradient_checkpointing,
         max_new_tokens=args.max_new_tokens,
         temperature=args.temperature,
         top_p=args.top_p,
         top_k=args.top_k,
         max_batch_size=args.generation_batch_size,
         sample_dtype=getattr(args, "sample_dtype", None),
+    )
+
+
+def team_options(args: Any) -> dict[str, Any]:
+    """The :meth:`LoRATeam.from_model` keywords a trainer config carries: the adapter shape
+    (``lora_r``, ``lora_alpha``, ``lora_target_modules``), ``gradient_checkpointing`` and
+    :func:`policy_options`."""
+    return dict(
+        r=args.lora_r,
+        alpha=args.lora_alpha,
+        target_modules=args.lora_target_modules,
+        gradient_checkpointing=args.gradient_checkpointing,
+        **policy_options(args),
     )
 
 
