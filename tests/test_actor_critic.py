@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 
-import datasets
 import pytest
 import torch
 
@@ -24,32 +23,9 @@ from llm_marl.policies.base import Completion  # noqa: E402
 from llm_marl.policies.critic import joint_observation  # noqa: E402
 from llm_marl.policies.tabular import TabularPolicy  # noqa: E402
 from llm_marl.policies.tabular_critic import TabularCritic  # noqa: E402
-from llm_marl.tasks.base import CooperativeTask  # noqa: E402
-from toy_tasks import MENU, ColourMatch  # noqa: E402
+from toy_tasks import MENU, ColourMatch, Scheduled  # noqa: E402
 
 LOG_THIRD = math.log(1 / 3)
-
-
-class Scheduled(CooperativeTask):
-    """Rewards fixed by the turn, whatever is said: ``schedule[t]``; observations "turn t"."""
-
-    agents = ("a", "b")
-
-    def __init__(self, schedule):
-        self.schedule = list(schedule)
-        self.num_turns = len(self.schedule)
-
-    def dataset(self, split):
-        return datasets.Dataset.from_list([{"id": 0}])
-
-    def initial_observations(self, item):
-        return {agent: "turn 0" for agent in self.agents}
-
-    def reward(self, item, actions, history):
-        return self.schedule[len(history)]
-
-    def transition(self, item, actions, history):
-        return {agent: f"turn {len(history)}" for agent in self.agents}  # history holds the turn just played
 
 
 def preset(critic, values):

@@ -10,7 +10,6 @@ shaping).
 
 from __future__ import annotations
 
-import datasets
 import pytest
 import torch
 
@@ -21,32 +20,10 @@ from llm_marl.learners import IACConfig, IACTrainer, MAACConfig, MAACTrainer  # 
 from llm_marl.learners import actor_critic_math as acm  # noqa: E402
 from llm_marl.learners.actor_critic import rollout_samples  # noqa: E402
 from llm_marl.policies.tabular import TabularPolicy  # noqa: E402
-from llm_marl.tasks.base import CooperativeTask  # noqa: E402
+from toy_tasks import Scheduled  # noqa: E402
 
 MENU = ("red", "green", "blue")
 T3 = [-1.0, -2.0, 0.5]
-
-
-class Scheduled(CooperativeTask):
-    """Rewards fixed by the turn, whatever is said: ``schedule[t]``; observations "turn t"."""
-
-    agents = ("a", "b")
-
-    def __init__(self, schedule):
-        self.schedule = list(schedule)
-        self.num_turns = len(self.schedule)
-
-    def dataset(self, split):
-        return datasets.Dataset.from_list([{"id": 0}])
-
-    def initial_observations(self, item):
-        return {agent: "turn 0" for agent in self.agents}
-
-    def reward(self, item, actions, history):
-        return self.schedule[len(history)]
-
-    def transition(self, item, actions, history):
-        return {agent: f"turn {len(history)}" for agent in self.agents}
 
 
 def trainer_for(trainer_class=IACTrainer, config_class=IACConfig, kl=None, **overrides):

@@ -36,3 +36,25 @@ class ColourMatch(CooperativeTask):
     def transition(self, item, actions, history):
         partner = {"left": "right", "right": "left"}
         return {a: f"item {item['id']}: partner said {actions[partner[a]]}" for a in self.agents}
+
+
+class Scheduled(CooperativeTask):
+    """Rewards fixed by the turn, whatever is said: ``schedule[t]``; observations "turn t"."""
+
+    agents = ("a", "b")
+
+    def __init__(self, schedule):
+        self.schedule = list(schedule)
+        self.num_turns = len(self.schedule)
+
+    def dataset(self, split):
+        return datasets.Dataset.from_list([{"id": 0}])
+
+    def initial_observations(self, item):
+        return {agent: "turn 0" for agent in self.agents}
+
+    def reward(self, item, actions, history):
+        return self.schedule[len(history)]
+
+    def transition(self, item, actions, history):
+        return {agent: f"turn {len(history)}" for agent in self.agents}  # history holds the turn just played
