@@ -168,11 +168,15 @@ def test_team_critics_train_with_gradient_checkpointing_and_chunked_scoring(mode
     assert all(torch.isfinite(torch.tensor(history[f"train/{a}/value_loss"])) for a in AGENTS)
 
 
-def test_team_critics_resume_exactly(model_dir, tmp_path):
+@pytest.mark.parametrize("trainer_class, config_class, team_settings", [
+    (IACTrainer, IACConfig, {}),
+    (MAACTrainer, MAACConfig, {"gradient_checkpointing": True, "max_batch_size": 3}),
+], ids=["iac", "maac-checkpointed-chunked"])
+def test_team_critics_resume_exactly(model_dir, tmp_path, trainer_class, config_class, team_settings):
     def make(output_dir, **overrides):
-        team = team_of(model_dir)
-        args = ac_config(output_dir=str(output_dir), save_steps=1, num_train_epochs=2, **overrides)
-        return IACTrainer(env=env(), policies=team.policies, args=args)
+        team = team_of(model_dir, **team_settings)
+        args = ac_config(config_class, output_dir=str(output_dir), save_steps=1, num_train_epochs=2, **overrides)
+        return trainer_class(env=env(), policies=team.policies, args=args)
 
     full = make(tmp_path / "full")
     full.train()
