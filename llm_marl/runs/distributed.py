@@ -27,6 +27,7 @@ CUDA is available, else ``gloo``). What changes with W ranks:
 
 from __future__ import annotations
 
+import atexit
 import os
 from dataclasses import dataclass
 from typing import Iterable
@@ -62,6 +63,7 @@ class DistributedContext:
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         dist.init_process_group(backend=backend)
+        atexit.register(_leave_process_group)
         return cls(dist.get_rank(), dist.get_world_size())
 
     def shard(self, batch: list[int], per_rank: int) -> list[int]:
@@ -113,3 +115,10 @@ class DistributedContext:
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
+
+
+def _leave_process_group() -> None:
+    """At exit, destroy the process group this module joined: left to interpreter shutdown, gloo's
+    threads can abort the process ("terminate called without an active exception", exit -6)."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
