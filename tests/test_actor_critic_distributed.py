@@ -37,6 +37,8 @@ rank = int(os.environ["RANK"])
 state = {{"policies": {{a: p.state_dict() for a, p in trainer.policies.items()}},
           "critics": {{n: c.state_dict() for n, c in trainer.critics.items()}}, "world_size": trainer.dist.world_size}}
 torch.save(state, os.path.join({weights!r}, f"rank{{rank}}.pt"))
+sys.stdout.flush(); sys.stderr.flush()
+os._exit(0)  # results are written: skip interpreter teardown, where gloo's threads can abort a rank
 """
 
 

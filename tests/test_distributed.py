@@ -28,6 +28,8 @@ trainer = train(output_dir={out!r}, items_per_step=1, rollout_buffer_size=1)
 rank = int(os.environ["RANK"])
 policies = {{a: p.state_dict() for a, p in trainer.policies.items()}}
 torch.save({{"world_size": trainer.dist.world_size, "policies": policies}}, os.path.join({weights!r}, f"rank{{rank}}.pt"))
+sys.stdout.flush(); sys.stderr.flush()
+os._exit(0)  # results are written: skip interpreter teardown, where gloo's threads can abort a rank
 """
 
 
