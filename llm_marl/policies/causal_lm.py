@@ -87,6 +87,7 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -95,6 +96,7 @@ import torch
 from llm_marl.policies import sampling, scoring
 from llm_marl.policies.base import Completion
 from llm_marl.policies.lm_runner import LowPrecisionShadow, ModelRunner, model_name
+from llm_marl.policies.packed_weights import packed_linears
 from llm_marl.policies.sampling import repeat_with_room as _repeat_with_room  # noqa: F401 (old name)
 
 __all__ = ["CausalLMPolicy", "TanhGELU", "fuse_activations"]
@@ -117,6 +119,7 @@ _SETTING_NAMES = (
     "chat_template",
     "system_prompt",
     "sample_dtype",
+    "packed_weights",
 )
 SAMPLE_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -233,6 +236,10 @@ class CausalLMPolicy:
             loss uses are exactly those without it. The sampled tokens come from the
             lower-precision model (faster on CPUs with bf16 matmul units; the sampler and the
             scorer then differ by rounding). None or the model's own dtype: no copy.
+        packed_weights: on a CPU, run the decode steps' fp32 linear layers on weights packed
+            once per sampling call (:mod:`~llm_marl.policies.packed_weights`: the same fp32
+            arithmetic in another summation order, 1.2-1.9x faster linears at 4-64 rows; only
+            for calls of 2+ rows and 12+ new tokens). False: plain ``F.linear``.
         generation_kwargs: extra keyword arguments for ``model.generate``; non-empty implies
             ``use_hf_generate`` (beware: anything that changes the sampling distribution makes
             scores differ from the sampler).
@@ -259,6 +266,7 @@ class CausalLMPolicy:
         chat_template: bool | None = None,
         system_prompt: str | None = None,
         sample_dtype: str | None = None,
+        packed_weights: bool = True,
         generation_kwargs: Mapping[str, Any] | None = None,
         device: str | torch.device | None = None,
     ) -> None:
@@ -317,6 +325,7 @@ class CausalLMPolicy:
         self.chat_template = chat_template
         self.system_prompt = system_prompt
         self.sample_dtype = sample_dtype
+        self.packed_weights = bool(packed_weights)
         self._shadow: LowPrecisionShadow | None = None
         self.uses_chat_template = has_template if chat_template is None else chat_template
         if system_prompt is not None and not self.uses_chat_template:
@@ -628,19 +637,23 @@ class CausalLMPolicy:
     ) -> list[list[Completion]]:
         """The KV-cached sampling loop (:func:`~llm_marl.policies.sampling.decode`)."""
         input_ids, attention_mask = self._left_pad(prompts)
-        generated = sampling.decode(
-            self._sampling_runner(),
-            input_ids,
-            attention_mask,
-            num_samples,
-            max_new_tokens=self._max_new_tokens(input_ids.shape[1]),
-            min_new_tokens=self.min_new_tokens,
-            room=self.max_new_tokens,
-            eos_token_ids=self.eos_token_ids,
-            pad_token_id=self.pad_token_id,
-            draw_token=self._draw,
-            routes=self._routes(len(prompts)) if routes is None else list(routes),
-        )
+        runner = self._sampling_runner()
+        new_tokens = self._max_new_tokens(input_ids.shape[1])
+        packing = packed_linears(runner.model).active(len(prompts) * num_samples, new_tokens) if self.packed_weights else nullcontext()
+        with packing:
+            generated = sampling.decode(
+                runner,
+                input_ids,
+                attention_mask,
+                num_samples,
+                max_new_tokens=new_tokens,
+                min_new_tokens=self.min_new_tokens,
+                room=self.max_new_tokens,
+                eos_token_ids=self.eos_token_ids,
+                pad_token_id=self.pad_token_id,
+                draw_token=self._draw,
+                routes=self._routes(len(prompts)) if routes is None else list(routes),
+            )
         completions = self._completions(generated)
         return [completions[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
 
