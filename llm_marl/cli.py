@@ -46,6 +46,9 @@ import sys
 import time
 from typing import Any, Sequence
 
+from llm_marl import assembly
+from llm_marl.assembly import SAMPLING_FIELDS
+
 LEARNERS = {
     "magrpo": "MAGRPO",
     "mareinforce": "MAREINFORCE",
@@ -61,9 +64,6 @@ LEARNERS = {
 
 RUN_KEYS = ("env", "policy", "model", "learner", "actions", "train_items", "import", "system_prompt")
 """Keys of a run (flags and YAML) that are not config fields."""
-
-SAMPLING_FIELDS = ("max_new_tokens", "temperature", "top_p", "top_k", "sample_dtype")
-"""Config fields that set a language-model policy's sampling."""
 
 DEFAULT_RUN: dict[str, Any] = {
     "env": "WritingCollab-v0",
@@ -315,13 +315,12 @@ def _run_options(ns: argparse.Namespace, use_default: bool) -> tuple[dict[str, A
 
 
 def build_trainer(options: dict[str, Any], explicit: set[str] | None = None) -> Any:
-    """A trainer from run options: env id, policy kind, model, learner and config fields.
+    """A trainer from run options: env id, policy kind, model, learner and config fields
+    (assembled by :mod:`llm_marl.assembly`, whose lines about the models are printed).
 
     ``explicit``: the option keys the user gave (None: all of them); sampling settings saved
     with a model (``llm_marl_policy.json``) yield only to explicit ones.
     """
-    from llm_marl.learners.config_types import coerce_mapping
-
     config_class, trainer_class = learner_classes(options.get("learner", "magrpo"))
     fields = {f.name for f in dataclasses.fields(config_class)}
     _check_keys(list(options), config_class, "options")
@@ -329,21 +328,15 @@ def build_trainer(options: dict[str, Any], explicit: set[str] | None = None) -> 
         raise UsageError("--env is required (see `llm-marl list`)")
     _import_modules(options.get("import") or [])
     turns = options.get("num_turns") if explicit is None or "num_turns" in explicit else None
-    env = _make_env(options["env"], None, turns)
-    eval_env = _make_env(options["env"], "eval", turns)
-    if options.get("train_items"):
-        env = _limit_items(env, int(options["train_items"]), options["env"])
     try:
-        settings = coerce_mapping(config_class, {k: v for k, v in options.items() if k in fields})
-        settings.setdefault("num_agents", len(env.possible_agents))
-        settings.setdefault("num_turns", getattr(getattr(env, "task", None), "num_turns", 1))
-        args = config_class(**settings)
-    except ValueError as exc:
-        raise UsageError(f"config: {exc}") from None
-    policies = _make_policies(options, env, args, explicit)
-    try:
-        trainer = trainer_class(env=env, policies=policies, args=args, eval_env=eval_env)
-    except ValueError as exc:
+        env = assembly.make_env(options["env"], None, turns)
+        eval_env = assembly.make_env(options["env"], "eval", turns)
+        if options.get("train_items"):
+            env = assembly.limit_items(env, int(options["train_items"]), options["env"])
+        args = assembly.make_config(config_class, {k: v for k, v in options.items() if k in fields}, env)
+        policies = _make_policies(options, env, args, explicit)
+        trainer = assembly.build_trainer(trainer_class, env, policies, args, eval_env)
+    except assembly.AssemblyError as exc:
         raise UsageError(str(exc)) from None
     trainer.launch_identity = {k: options.get(k) for k in ("env", "policy", "model", "actions", "train_items")}
     return trainer
@@ -357,207 +350,22 @@ def _import_modules(names: Sequence[str]) -> None:
             raise UsageError(f"--import {name}: cannot import it ({exc})") from None
 
 
-def _make_env(env_id: str, split: str | None, num_turns: int | None) -> Any:
-    """``make(env_id)`` for the train split (``split`` None) or ``split``; ``num_turns`` (given by
-    the user) must be taken by the env's factory and be the horizon it builds."""
-    from llm_marl.envs import make
-    from llm_marl.envs.registry import UnknownEnvError, find
-
-    kwargs: dict[str, Any] = {} if split is None else {"split": split}
-    if num_turns is not None:
-        kwargs["num_turns"] = num_turns
-    try:
-        find(env_id)
-        env = make(env_id, **kwargs)
-    except UnknownEnvError as exc:
-        raise UsageError(str(exc)) from None
-    except (ImportError, AttributeError) as exc:
-        raise UsageError(f"--env {env_id}: {exc}") from None
-    except TypeError as exc:
-        if num_turns is not None and "num_turns" in str(exc):
-            fixed = _make_env(env_id, split, None)  # a fixed-length factory: N may be its own horizon
-            horizon = getattr(getattr(fixed, "task", None), "num_turns", None) if fixed is not None else None
-            if fixed is not None and horizon == num_turns:
-                return fixed
-            played = f"{horizon} turn{'s' if horizon != 1 else ''}" if horizon is not None else "a fixed length"
-            raise UsageError(
-                f"--num_turns {num_turns}: the factory of env {env_id} does not take num_turns ({exc}); "
-                f"its episodes have {played}: drop --num_turns"
-            ) from None
-        if split is not None and "split" in str(exc):
-            return None  # a factory without splits: the trainer evaluates on the train env
-        raise
-    except (ValueError, KeyError, NotImplementedError):
-        if split is None:
-            raise
-        return None  # no eval split
-    played = getattr(getattr(env, "task", None), "num_turns", None)
-    if num_turns is not None and played is not None and played != num_turns:
-        raise UsageError(f"--num_turns {num_turns}: env {env_id} was built with {played} turns per episode (its factory ignores num_turns)")
-    return env
-
-
-def _limit_items(env: Any, count: int, env_id: str) -> Any:
-    data = getattr(env, "data", None)
-    if data is None:
-        raise UsageError(f"--train-items {count}: env {env_id} has no dataset to cut (no .data)")
-    if count < len(data):
-        env.data = data.select(range(count))
-    return env
-
-
 def _make_policies(options: dict[str, Any], env: Any, args: Any, explicit: set[str] | None = None) -> list[Any]:
     kind = options.get("policy", "tabular")
     if kind == "tabular":
-        from llm_marl.policies.tabular import TabularPolicy
-
-        return [TabularPolicy(_menu(options.get("actions"), env, options["env"])) for _ in env.possible_agents]
-    if kind == "lm":
-        from transformers.utils import logging as hf_logging
-
-        from llm_marl.policies.causal_lm import SETTINGS_FILE, CausalLMPolicy
-
-        hf_logging.disable_progress_bar()
-
-        if args.lora_r is not None or _saved_adapters(options.get("model"), env.possible_agents):
-            return _adapter_team(options.get("model") or "tiny", env, args, options.get("system_prompt"))
-        policies = []
-        from llm_marl.policies.models import resolve_model
-
-        for agent, path in zip(env.possible_agents, _model_paths(options.get("model") or "tiny", env.possible_agents)):
-            folder = path if path == "tiny" else resolve_model(path)  # a named model: its cached folder
-            saved = path != "tiny" and os.path.isfile(os.path.join(folder, SETTINGS_FILE))
-            chosen = [f for f in SAMPLING_FIELDS if not saved or explicit is None or f in explicit]
-            settings = {f: getattr(args, f) for f in chosen}
-            if options.get("system_prompt") is not None:
-                settings["system_prompt"] = str(options["system_prompt"])
-            if path == "tiny":
-                from llm_marl.policies.tiny import load_tiny
-
-                lm, tokenizer = load_tiny()
-                policy = CausalLMPolicy(lm, tokenizer, **settings)
-            else:
-                try:
-                    policy = CausalLMPolicy.from_pretrained(folder, **settings)
-                except OSError as exc:
-                    raise UsageError(f"--model {path}: cannot load it ({str(exc).splitlines()[0]})") from None
-            shown = ", ".join(f"{f}={getattr(policy, f)!r}" for f in SAMPLING_FIELDS if f != "sample_dtype" or policy.sample_dtype)
-            origin = f"; saved with the model, {SETTINGS_FILE}" if saved else ""
-            print(f"llm-marl: {agent}: model {path} ({shown}{origin})")
-            policies.append(policy)
-        return policies
-    raise UsageError(f"unknown --policy {kind!r}; choose tabular or lm")
-
-
-def _menu(actions: Any, env: Any, env_id: str) -> list[str]:
-    """The tabular policies' answers: ``--actions a,b,c`` (or a YAML list), else the task's ``menu``."""
-    if actions is None:
-        menu = getattr(getattr(env, "task", None), "menu", None)
-        if not menu:
-            raise UsageError(f"--policy tabular needs --actions a,b,c: env {env_id}'s task has no menu attribute")
-        return list(menu)
-    given = [a.strip() for a in actions.split(",")] if isinstance(actions, str) else [str(a) for a in actions]
-    if not given or any(a == "" for a in given):
-        raise UsageError(f"--actions {actions!r}: give a comma-separated menu of non-empty answers, e.g. --actions alpha,beta")
-    if len(set(given)) != len(given):
-        raise UsageError(f"--actions {actions!r}: answers must be distinct")
-    return given
-
-
-def _model_paths(model: Any, agents: Sequence[str]) -> list[str]:
-    """One model per agent: a list, a folder with ``agent_0 ... agent_{N-1}`` (a run's ``final``),
-    or one path/hub id for all. A local-looking path that does not exist is a usage error."""
-    if isinstance(model, (list, tuple)):
-        paths = [str(p) for p in model]
-        if len(paths) != len(agents):
-            raise UsageError(f"--model: {len(paths)} models for {len(agents)} agents {list(agents)}")
-    else:
-        model = str(model)
-        per_agent = [os.path.join(model, f"agent_{i}") for i in range(len(agents))]
-        paths = per_agent if all(os.path.isdir(p) for p in per_agent) else [model] * len(agents)
-    for path in paths:
-        local = path.startswith(("/", ".", "~")) or path.count("/") > 1 or os.sep != "/" and os.sep in path
-        if path != "tiny" and local and not os.path.exists(os.path.expanduser(path)):
-            raise UsageError(f"--model {path}: no such folder (give a model folder, a hub id such as gpt2, or 'tiny')")
-        _check_not_a_misspelt_name(path)
-    return paths
-
-
-def _check_not_a_misspelt_name(model: str) -> None:
-    """A ``--model`` that is no folder but nearly a model name is a typo, refused at once (instead
-    of minutes of hub retries ending in a connection error)."""
-    import difflib
-
-    from llm_marl.policies.models import MODELS
-
-    names = [*MODELS, "tiny"]
-    if model in names or os.path.exists(os.path.expanduser(model)):
-        return
-    near = difflib.get_close_matches(model.lower(), names, n=1, cutoff=0.75)
-    if near:
-        raise UsageError(f"--model {model}: no such folder or named model; did you mean {near[0]}? (`llm-marl models` lists them)")
-
-
-def _saved_adapters(model: Any, agents: Sequence[str]) -> dict[str, str] | None:
-    """Agent -> adapter folder where ``model`` is a team's saved adapters: a run's ``final/``
-    (``agent_0 ... agent_{N-1}``) or ``LoRATeam.save_pretrained``'s ``<agent>/`` folders; else None."""
-    if not isinstance(model, (str, os.PathLike)) or not os.path.isdir(model):
-        return None
-    for names in ([f"agent_{i}" for i in range(len(agents))], list(agents)):
-        folders = [os.path.join(model, name) for name in names]
-        if all(os.path.isfile(os.path.join(f, "adapter_config.json")) for f in folders):
-            return dict(zip(agents, folders))
-    return None
-
-
-def _adapter_team(model: Any, env: Any, args: Any, system_prompt: str | None = None) -> list[Any]:
-    """``--lora_r R``: every agent a LoRA adapter of one shared base (LoRATeam); a ``--model``
-    folder of saved adapters (a team run's ``final/``) continues them on their base."""
-    from llm_marl.policies.lora_team import LoRATeam, team_options
-
-    if isinstance(model, list) or "," in str(model):
+        return assembly.tabular_policies(env, options.get("actions"), options["env"])
+    if kind != "lm":
+        raise UsageError(f"unknown --policy {kind!r}; choose tabular or lm")
+    model = options.get("model") or "tiny"
+    if args.lora_r is not None and (isinstance(model, list) or "," in str(model)):
         raise UsageError(f"--lora_r: the agents are adapters of ONE base model; give one --model, not {model!r}")
-    agents = list(env.possible_agents)
-    _check_not_a_misspelt_name(str(model))
-    saved = _saved_adapters(model, agents)
-    if saved is not None:
-        with open(os.path.join(saved[agents[0]], "adapter_config.json"), encoding="utf-8") as handle:
-            base = json.load(handle).get("base_model_name_or_path")
-        if not base:
-            raise UsageError(f"--model {model}: its adapters do not name their base model (base_model_name_or_path)")
-        print(f"llm-marl: --model {model}: one LoRA adapter per agent on base {base}; training continues them")
-        options = {**team_options(args), "r": None, "alpha": None, "target_modules": None}
-        if system_prompt is not None:
-            options["system_prompt"] = str(system_prompt)
-        team = LoRATeam.from_pretrained(base, agents, dtype=args.model_dtype, adapters=saved, **options)
-        return [team.policies[agent] for agent in agents]
-    if model == "tiny":
-        from llm_marl.policies.tiny import build_tiny_model, default_model_dir
-
-        model = str(build_tiny_model(default_model_dir()))  # built on first use, then cached
-    else:
-        from llm_marl.policies.models import resolve_model
-
-        model = resolve_model(model)  # a named model: its cached folder
-    settings = team_options(args)
-    if system_prompt is not None:
-        settings["system_prompt"] = str(system_prompt)
-    team = LoRATeam.from_pretrained(model, agents, dtype=args.model_dtype, **settings)
-    lead = team.policies[agents[0]]
-    shown = f"{named_as(model)} ({model})" if model != named_as(model) else model
-    template = f"chat template on{', system prompt ' + repr(lead.system_prompt) if lead.system_prompt else ''}" if lead.uses_chat_template else "raw prompts (no chat template)"
-    print(f"llm-marl: model {shown}: one LoRA adapter per agent (r={args.lora_r}) on one frozen base; {template}")
-    return [team.policies[agent] for agent in agents]
-
-
-def named_as(folder: str) -> str:
-    """The model name of a named model's cached folder (:mod:`llm_marl.policies.models`), else ``folder``."""
-    from llm_marl.policies import models
-
-    for name in models.MODELS:
-        if os.path.abspath(folder) == os.path.abspath(models.model_dir(name)):
-            return name
-    return folder
+    assembly.quiet_downloads()
+    built = assembly.build_policies(
+        env.possible_agents, model, args, system_prompt=options.get("system_prompt"), explicit=explicit
+    )
+    for line in built.lines:
+        print(f"llm-marl: {line}")
+    return built.policies
 
 
 def _sample_prompts(trainer: Any, count: int = 3) -> list[str]:

@@ -305,3 +305,36 @@ def test_moved_modules_import_from_their_old_paths_with_a_deprecation_warning(mo
     with pytest.warns(DeprecationWarning, match=f"import {new} instead"):
         exec(f"from {parent} import {leaf} as found", namespace := {})
     assert namespace["found"] is moved
+
+
+# --- assembly: one code path builds models, policies and trainers ----------------------------------
+
+MODEL_BUILDERS = {"llm_marl.policies.causal_lm", "llm_marl.policies.lora_team", "llm_marl.comlrl.anchor_compat", "transformers"}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module an import statement of ``path`` names, in the package or not, wherever the
+    statement is (``from a.b import c`` names ``a.b`` and ``a.b.c``)."""
+    found = set()
+    for node in _import_nodes(ast.parse(path.read_text("utf-8"), str(path)), module_level_only=False):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif node.module and not node.level:
+            found.add(node.module)
+            found.update(f"{node.module}.{alias.name}" for alias in node.names)
+    return found
+
+
+def test_the_cli_parses_and_prints_while_assembly_builds_the_models():
+    names = imported_modules(PACKAGE_ROOT / "cli.py")
+    assert "llm_marl.assembly" in names
+    assert {n for n in names if n in MODEL_BUILDERS or n.startswith("transformers.")} == set()
+
+
+def test_the_drop_in_constructor_builds_its_policies_through_assembly():
+    path = PACKAGE_ROOT / "comlrl" / "anchor_compat.py"
+    assert "llm_marl.assembly" in imported_modules(path)
+    calls = [n.func for n in ast.walk(ast.parse(path.read_text("utf-8"))) if isinstance(n, ast.Call)]
+    builders = {"CausalLMPolicy", "LoRATeam", "AutoModelForCausalLM", "AutoTokenizer"}
+    named = {f.id for f in calls if isinstance(f, ast.Name)} | {f.value.id for f in calls if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)}
+    assert named & builders == set()

@@ -216,7 +216,7 @@ def test_unknown_name_is_refused_with_the_known_names():
 
 
 def test_a_name_works_for_the_team_the_critic_and_the_drop_in_constructor(tiny_name):
-    from llm_marl.comlrl import anchor_compat
+    from llm_marl import assembly
     from llm_marl.policies.lm_critic import CausalLMCritic
     from llm_marl.policies.lora_team import LoRATeam
 
@@ -225,5 +225,5 @@ def test_a_name_works_for_the_team_the_critic_and_the_drop_in_constructor(tiny_n
     assert sorted(team.policies) == ["a", "b"] and team.policies["a"].tokenizer.eos_token == "<|im_end|>"
     critic = CausalLMCritic.from_pretrained("tiny-llama")
     assert critic.values(["The sea is wide."]).shape[0] == 1
-    base = anchor_compat._load_model("tiny-llama", 0, {}, shared=False)
+    base = assembly._load_model("tiny-llama", 0, {}, shared=False)
     assert base.config.num_hidden_layers == 2 and Path(base.name_or_path) == Path(folder)

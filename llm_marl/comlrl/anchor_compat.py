@@ -4,7 +4,8 @@ A script written for CoMLRL's ``MAGRPOTrainer(agent_model=..., reward_func=..., 
 train_dataset=..., args=...)`` runs here after changing only its imports. The keywords are turned
 into a :class:`~llm_marl.tasks.FunctionTask`, a :class:`~llm_marl.envs.DialogueEnv` per split and
 one :class:`~llm_marl.policies.CausalLMPolicy` per agent, so rollouts take the same code path as
-the env-native constructor.
+the env-native constructor. The policies are built by :func:`llm_marl.assembly.build_policies`,
+as the ``llm-marl`` command builds its own: a model source means the same in both.
 
 Choices where the anchor library is silent or differs:
 
@@ -64,6 +65,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
+from llm_marl.assembly import Assembled, build_policies
 from llm_marl.envs.dialogue import DialogueEnv
 from llm_marl.runs.run_dir import default_run_dir
 from llm_marl.tasks.function_task import FunctionTask
@@ -140,14 +142,11 @@ def build_from_anchor_kwargs(
         raise ValueError(f"args.num_agents is {args.num_agents} but {count} agents were given")
     if agents is not None and num_agents is not None and num_agents != len(agents):
         raise ValueError(f"num_agents={num_agents} but agents= lists {len(agents)} models")
-    if getattr(args, "lora_r", None) is not None:
-        if agents is not None:
-            raise ValueError("args.lora_r makes the agents adapters of ONE base model: pass agent_model=, not agents=")
-        sources = [agent_model] * count
-        policies, tokenizers = _adapter_team(args, agent_model, tokenizer, count, model_config or {})
-    else:
-        sources = list(agents) if agents is not None else [agent_model] * count
-        policies, tokenizers = _full_models(args, sources, tokenizer, count, model_config or {}, shared=agents is None)
+    if getattr(args, "lora_r", None) is not None and agents is not None:
+        raise ValueError("args.lora_r makes the agents adapters of ONE base model: pass agent_model=, not agents=")
+    sources = list(agents) if agents is not None else [agent_model] * count
+    built = anchor_policies(args, sources if agents is not None else agent_model, tokenizer, model_config, count)
+    policies, tokenizers = built.policies, built.tokenizers
     task = FunctionTask(
         reward_func,
         formatters if formatters is not None else _default_formatter,
@@ -236,129 +235,30 @@ def _model_name(model: Any) -> str:
     return str(getattr(config, "_name_or_path", "") or type(model).__name__)
 
 
-def _check_distinct_models(sources: list[Any]) -> None:
-    first: dict[int, int] = {}
-    for i, source in enumerate(sources):
-        if isinstance(source, str):
-            continue
-        j = first.setdefault(id(source), i)
-        if j != i:
-            raise ValueError(
-                f"agents[{j}] and agents[{i}] (agent_{j} and agent_{i}) are the same model object: they would "
-                f"train one set of weights; pass a copy per agent (copy.deepcopy), or agent_model= (copied per agent)"
-            )
+def anchor_policies(args: Any, model: Any, tokenizer: Any, model_config: dict[str, Any] | None, count: int) -> Assembled:
+    """The policies of agents ``agent_0 ... agent_{count-1}`` from the model keywords
+    (:func:`llm_marl.assembly.build_policies`); prompts are the formatters' raw text unless
+    ``model_config["chat_template"]`` says otherwise."""
+    config = dict(model_config or {})
+    return build_policies(
+        [f"agent_{i}" for i in range(count)],
+        model,
+        args,
+        tokenizer=tokenizer,
+        model_config=config,
+        chat_template=config.get("chat_template", False),  # CoMLRL sends the formatters' raw text
+        label="agents" if isinstance(model, (list, tuple)) else "agent_model",
+    )
 
 
 def _full_models(
     args: Any, sources: list[Any], tokenizer: Any, count: int, model_config: dict[str, Any], shared: bool
 ) -> tuple[list[Any], list[Any]]:
-    """One model (and tokenizer) per agent, each wrapped in a CausalLMPolicy."""
-    from llm_marl.policies.causal_lm import CausalLMPolicy
-    from llm_marl.policies.lora_team import policy_options
-
-    if not shared:
-        _check_distinct_models(sources)
-    tokenizers = _tokenizers(tokenizer, sources)
-    models = [_load_model(source, i, model_config, shared=shared) for i, source in enumerate(sources)]
-    _add_special_tokens(models, tokenizers, model_config.get("special_tokens"))
-    devices = args.agent_devices or [None] * count
-    policies = [
-        CausalLMPolicy(
-            model,
-            tok,
-            **policy_options(args),
-            chat_template=model_config.get("chat_template", False),  # CoMLRL sends the formatters' raw text
-            device=devices[i],
-        )
-        for i, (model, tok) in enumerate(zip(models, tokenizers))
-    ]
-    return policies, tokenizers
-
-
-def _adapter_team(
-    args: Any, agent_model: Any, tokenizer: Any, count: int, model_config: dict[str, Any]
-) -> tuple[list[Any], list[Any]]:
-    """``args.lora_r`` set: one base model (loaded once, never copied) and one LoRA adapter per
-    agent (:class:`~llm_marl.policies.LoRATeam`); every agent shares the base's tokenizer."""
-    from llm_marl.policies.lora_team import LoRATeam, team_options
-
-    if isinstance(tokenizer, (list, tuple)):
-        raise ValueError("args.lora_r: the agents share one base model, so pass one tokenizer, not a list")
-    if isinstance(agent_model, str):
-        from llm_marl.policies.models import resolve_model
-
-        agent_model = resolve_model(agent_model)  # a named model: its cached folder (tokenizer too)
-    [tok] = _tokenizers(tokenizer, [agent_model])
-    config = dict(model_config)
-    if getattr(args, "model_dtype", None) is not None:
-        config.setdefault("dtype", args.model_dtype)
-    base = _load_model(agent_model, 0, config, shared=False)
-    _add_special_tokens([base], [tok], model_config.get("special_tokens"))
-    devices = set(args.agent_devices or [None])
-    if len(devices) > 1:
-        raise ValueError(f"args.lora_r: the adapters share one base model on one device; agent_devices lists {sorted(devices)}")
-    team = LoRATeam.from_model(
-        base, tok, [f"agent_{i}" for i in range(count)], chat_template=model_config.get("chat_template", False), **team_options(args)
-    )
-    device = devices.pop()
-    if device is not None:
-        team.to(device)
-    return list(team.policies.values()), [tok] * count
-
-
-def _tokenizers(tokenizer: Any, sources: list[Any]) -> list[Any]:
-    from transformers import AutoTokenizer
-
-    if isinstance(tokenizer, (list, tuple)):
-        if len(tokenizer) != len(sources):
-            raise ValueError(f"tokenizer: got {len(tokenizer)} tokenizers for {len(sources)} agents")
-        return [copy.deepcopy(t) for t in tokenizer]
-    if tokenizer is not None:
-        return [copy.deepcopy(tokenizer) for _ in sources]
-    loaded = []
-    for i, source in enumerate(sources):
-        if not isinstance(source, str):
-            raise ValueError(f"agent {i} is a loaded model: pass tokenizer= (one, or a list with one per agent)")
-        from llm_marl.policies.models import resolve_model
-
-        loaded.append(AutoTokenizer.from_pretrained(resolve_model(source)))  # a named model: its folder
-    return loaded
-
-
-def _load_model(source: Any, index: int, model_config: dict[str, Any], shared: bool) -> Any:
-    from transformers import AutoModelForCausalLM
-
-    if isinstance(source, str):
-        from llm_marl.policies.models import resolve_model
-
-        source = resolve_model(source)  # a named model (``smollm2-135m``): its cached folder
-        kwargs = {}
-        dtype = model_config.get("dtype", model_config.get("torch_dtype"))
-        if dtype is not None:
-            kwargs[_dtype_keyword()] = dtype
-        if model_config.get("attn_implementation") is not None:
-            kwargs["attn_implementation"] = model_config["attn_implementation"]
-        return AutoModelForCausalLM.from_pretrained(source, **kwargs)
-    if not hasattr(source, "generate"):
-        raise TypeError(f"agent {index}: expected a model id/path or a causal LM, got {type(source).__name__}")
-    return copy.deepcopy(source) if shared else source
-
-
-def _dtype_keyword() -> str:
-    """``from_pretrained``'s dtype keyword: ``dtype`` from transformers 4.56 on, ``torch_dtype``
-    before (older versions would silently store an unknown ``dtype=`` in the config)."""
-    import transformers
-    from packaging.version import Version
-
-    return "dtype" if Version(transformers.__version__).release >= (4, 56) else "torch_dtype"
-
-
-def _add_special_tokens(models: list[Any], tokenizers: list[Any], special: dict[str, Any] | None) -> None:
-    if not special:
-        return
-    for model, tok in zip(models, tokenizers):
-        if tok.add_special_tokens(dict(special)):
-            model.resize_token_embeddings(len(tok))
+    """One full model per agent whatever ``args.lora_r`` says (the centralized trainer's actor)."""
+    full = copy.copy(args)
+    full.lora_r = None
+    built = anchor_policies(full, sources[0] if shared else sources, tokenizer, model_config, count)
+    return built.policies, built.tokenizers
 
 
 ADAMW_DEFAULT_WEIGHT_DECAY: float = inspect.signature(__import__("torch").optim.AdamW).parameters["weight_decay"].default
