@@ -14,11 +14,20 @@ Per (dtype, rows):
   token) / (steps − 1), each the fastest of ``--repeats`` rounds: prefill and set-up cancel out.
   A round measures every (variant, rows) once, so the variants compared run interleaved.
 - **weight-streaming floor**: the time to read every weight once — measured as the fastest
-  ``dst.copy_(src)`` of a tensor of the weights' byte count (the bandwidth a copy reaches here);
-  a decode step cannot be faster while the weights do not fit in cache.
+  ``src.sum()`` over a tensor of the weights' byte count (the read bandwidth one thread reaches
+  here); a decode step cannot be faster while the weights do not fit in cache. (Until
+  2026-12-01 this was the time of ``dst.copy_(src)``, which reads *and writes* the bytes and so
+  came out about 1.85x the read time: the ratios to that floor were flattered by as much.)
 - **compute floor**: the step's matmul FLOPs (2 x rows x every linear weight incl. the tied lm
   head, plus attention over the average context) at the FLOP/s a large square matmul of that
   dtype reaches here; and the **achieved FLOP/s** of the step.
+
+- **packed weights**: every variant runs with ``CausalLMPolicy(packed_weights=True)`` (the
+  default: linears on weights packed once, :mod:`llm_marl.policies.packed_weights`) and, labelled
+  ``unpacked``, with ``packed_weights=False``. The models' weights are frozen here, so the packs
+  are made in the warm-up and the step time is the steady state; **pack ms** is the time of
+  packing every weight once for that row count, which a trainable model pays once per sampling
+  call (after each optimizer step).
 
 Both floors are measured in the same run, with the same torch thread count (``--threads``,
 default 1, as ``throughput.py``).
@@ -63,16 +72,26 @@ def fastest(fn, repeats: int) -> float:
     return best
 
 
-def copy_seconds(num_bytes: int, repeats: int) -> float:
-    """The fastest copy of a ``num_bytes`` tensor into another (both allocated and touched first)."""
+def read_seconds(num_bytes: int, repeats: int) -> float:
+    """The fastest read of a ``num_bytes`` tensor (a sum over it; allocated and touched first)."""
     import torch
 
     src = torch.ones(num_bytes // 4, dtype=torch.float32)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    seconds = fastest(lambda: dst.copy_(src), max(3, repeats))
-    del src, dst
+    src.sum()
+    seconds = fastest(src.sum, max(3, repeats))
+    del src
     return seconds
+
+
+def pack_seconds(model, rows: int) -> float:
+    """Time to pack every packable weight of ``model`` once for calls of ``rows`` rows."""
+    from llm_marl.policies.packed_weights import KERNELS, packed_linears
+
+    layers = packed_linears(model).layers()
+    start = time.perf_counter()
+    for layer in layers:
+        KERNELS[layer.weight.dtype].pack(layer.weight, rows)
+    return time.perf_counter() - start
 
 
 def matmul_flops_per_second(dtype, repeats: int, size: int = 1024) -> float:
@@ -170,40 +189,46 @@ def run(opts) -> list[dict]:
                 models[dtype_name] = AutoModelForCausalLM.from_pretrained(opts.model, dtype=getattr(torch, dtype_name))
             else:
                 models[dtype_name] = smol_model(tokenizer, dtype_name)
-        model = models[dtype_name]
+        model = models[dtype_name].requires_grad_(False)  # frozen: packs made once (see the docstring)
         sample_dtype = "bfloat16" if variant == "bf16-sampling" else None
         floor_dtype = getattr(torch, sample_dtype or dtype_name)
         size = weight_bytes(model) * torch.empty(0, dtype=floor_dtype).element_size() // next(model.parameters()).element_size()
-        stream = copy_seconds(size, opts.repeats)
+        stream = read_seconds(size, opts.repeats)
         peak = matmul_flops_per_second(floor_dtype, opts.repeats)
-        print(f"# {variant}: weights read per step {size / 1e6:.0f} MB; a copy of that many bytes {stream * 1e3:.1f} ms "
+        print(f"# {variant}: weights read per step {size / 1e6:.0f} MB; a read of that many bytes {stream * 1e3:.1f} ms "
               f"({size / stream / 1e9:.1f} GB/s); 1024^3 matmul {peak / 1e9:.1f} GFLOP/s; threads {opts.threads}", flush=True)
         for rows in opts.rows:
             count = max(1, rows // K)
             prompts = bench_prompts(count) if opts.model else prompts_of(tokenizer, count, opts.prompt_tokens, seed=rows)
 
-            def policy(steps, model=model, sample_dtype=sample_dtype):
-                return CausalLMPolicy(model, tokenizer, max_new_tokens=steps, min_new_tokens=steps, temperature=1.0,
-                                      top_p=None, top_k=None, sample_dtype=sample_dtype)
+            for packed in (True, False):
 
-            full, one = policy(opts.steps), policy(1)
-            full._shadow = one._shadow = copies.get(variant)  # one bf16 copy per variant (bf16-sampling)
-            with torch.no_grad():
-                full._sampling_runner()  # builds the copy outside the timing
-                copies[variant] = one._shadow = full._shadow
-                one.sample(prompts, rows // len(prompts))  # warm-up
-            setups[variant, rows] = {"model": model, "prompts": prompts, "k": rows // len(prompts), "full": full, "one": one,
-                                     "stream": stream, "peak": peak, "t_one": [], "t_full": [], "loads": []}
+                def policy(steps, model=model, sample_dtype=sample_dtype, packed=packed):
+                    return CausalLMPolicy(model, tokenizer, max_new_tokens=steps, min_new_tokens=steps, temperature=1.0,
+                                          top_p=None, top_k=None, sample_dtype=sample_dtype, packed_weights=packed)
+
+                full, one = policy(opts.steps), policy(1)
+                full._shadow = one._shadow = copies.get(variant)  # one bf16 copy per variant (bf16-sampling)
+                with torch.no_grad():
+                    sampler = full._sampling_runner().model  # builds the copy outside the timing
+                    copies[variant] = one._shadow = full._shadow
+                    one.sample(prompts, rows // len(prompts))  # warm-up
+                    full.sample(prompts, rows // len(prompts))  # warm-up; packs the (frozen) weights
+                label = variant if packed else f"{variant} unpacked"
+                setups[label, rows] = {"model": model, "prompts": prompts, "k": rows // len(prompts), "full": full, "one": one,
+                                       "stream": stream, "peak": peak, "t_one": [], "t_full": [], "loads": [],
+                                       "pack_s": pack_seconds(sampler, rows) if packed else None}
+    labels = [label for variant in opts.dtypes for label in (variant, f"{variant} unpacked")]
     for _ in range(opts.repeats):
         for rows in opts.rows:
-            for variant in opts.dtypes:
+            for variant in labels:
                 setup = setups[variant, rows]
                 with torch.no_grad():
                     setup["t_one"].append(fastest(lambda: setup["one"].sample(setup["prompts"], setup["k"]), 1))
                     setup["t_full"].append(fastest(lambda: setup["full"].sample(setup["prompts"], setup["k"]), 1))
                 setup["loads"].append(os.getloadavg()[0])
     results = []
-    for variant in opts.dtypes:
+    for variant in labels:
         for rows in opts.rows:
             setup = setups[variant, rows]
             model, prompts, k, stream, peak = setup["model"], setup["prompts"], setup["k"], setup["stream"], setup["peak"]
@@ -215,8 +240,9 @@ def run(opts) -> list[dict]:
                 "compute_floor_ms": flops / peak * 1e3, "achieved_gflops": flops / per_step / 1e9, "peak_gflops": peak / 1e9,
                 "weight_mb": weight_bytes(model) / 1e6, "threads": opts.threads, "load1": max(setup["loads"]),
                 "t_full_s": setup["t_full"], "t_one_s": setup["t_one"],
+                "pack_ms": None if setup["pack_s"] is None else setup["pack_s"] * 1e3,
             }
-            if opts.mismatch and variant != "bfloat16":
+            if opts.mismatch and not variant.startswith("bfloat16"):
                 row.update(mismatch(setup["full"], prompts, k, seed=rows))
                 print(f"# {variant} rows {rows}: mean |sampler - fp32 scorer| log-prob {row['mean_abs_logprob_diff']:.2e} per token "
                       f"(largest {row['max_abs_logprob_diff']:.2e}, {row['tokens']} tokens, mean log-prob {row['mean_logprob']:.2f})", flush=True)
@@ -229,12 +255,12 @@ def run(opts) -> list[dict]:
 
 
 def table(results: list[dict]) -> str:
-    lines = ["| dtype | rows | steps | ms per step | weight-streaming floor ms | ratio | compute floor ms | achieved GFLOP/s | matmul peak GFLOP/s | mean (max) abs log-prob diff, sampler vs fp32 scorer | max load |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| dtype | rows | steps | ms per step | weight-streaming floor ms | ratio | pack ms | compute floor ms | achieved GFLOP/s | matmul peak GFLOP/s | mean (max) abs log-prob diff, sampler vs fp32 scorer | max load |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
         diff = f"{r['mean_abs_logprob_diff']:.1e} ({r['max_abs_logprob_diff']:.1e})" if "mean_abs_logprob_diff" in r else "-"
         lines.append(f"| {r['dtype']} | {r['rows']} | {r['steps']} | {r['ms_per_step']:.1f} | {r['stream_floor_ms']:.1f} | "
-                     f"{r['ratio_to_stream_floor']:.2f}x | {r['compute_floor_ms']:.1f} | {r['achieved_gflops']:.1f} | {r['peak_gflops']:.1f} | "
+                     f"{r['ratio_to_stream_floor']:.2f}x | {'-' if r['pack_ms'] is None else format(r['pack_ms'], '.0f')} | {r['compute_floor_ms']:.1f} | {r['achieved_gflops']:.1f} | {r['peak_gflops']:.1f} | "
                      f"{diff} | {r['load1']:.1f} |")
     return "\n".join(lines)
 

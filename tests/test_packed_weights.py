@@ -11,7 +11,9 @@ from llm_marl.policies import CausalLMPolicy, LoRATeam
 from llm_marl.policies import packed_weights as pw
 from llm_marl.policies.tiny import load_tiny
 
-pytestmark = pytest.mark.skipif(pw._mkl_ops() is None, reason="this torch has no MKL packed-GEMM ops")
+pytestmark = pytest.mark.skipif(
+    not all(kernel.available for kernel in pw.KERNELS.values()), reason="this torch lacks MKL or oneDNN"
+)
 
 torch.set_num_threads(1)
 
@@ -21,7 +23,7 @@ SETTINGS = dict(max_new_tokens=16, temperature=1.0, top_p=None, top_k=None)
 
 @pytest.fixture
 def spy(monkeypatch):
-    """Counts the linears that ran on a packed weight."""
+    """Records the input shape of every linear that ran on a packed weight."""
     calls = []
     real = pw.packed_linear
 
@@ -33,28 +35,38 @@ def spy(monkeypatch):
     return calls
 
 
-def mlp(frozen: bool) -> torch.nn.Sequential:
+def mlp(frozen: bool, dtype=torch.float32) -> torch.nn.Sequential:
     torch.manual_seed(0)
-    net = torch.nn.Sequential(torch.nn.Linear(96, 160), torch.nn.Linear(160, 96), torch.nn.Linear(96, 8))
+    net = torch.nn.Sequential(torch.nn.Linear(96, 160), torch.nn.Linear(160, 96), torch.nn.Linear(96, 8)).to(dtype)
     for p in net.parameters():
         p.requires_grad_(not frozen)
     return net
 
 
-def test_packed_rows_match_f_linear_and_other_rows_take_f_linear_exactly(spy):
+def test_few_row_inputs_run_packed_and_match_f_linear_others_take_f_linear_itself(spy):
     net = mlp(frozen=True)
     packer = pw.PackedLinears(net)
     assert [tuple(m.weight.shape) for m in packer.layers()] == [(160, 96), (96, 160)]  # 96x8 is too narrow
-    four, three = torch.randn(4, 1, 96), torch.randn(3, 96)
+    four, two, many = torch.randn(4, 1, 96), torch.randn(2, 96), torch.randn(300, 96)
     with torch.inference_mode():
-        want4, want3 = net(four), net(three)
+        want = [net(x) for x in (four, two, many)]
         with packer.active(rows=4, new_tokens=pw.MIN_STEPS):
-            got4, got3 = net(four), net(three)
+            got = [net(x) for x in (four, two, many)]
     assert packer.packed_last == 2
-    assert spy == [(4, 1, 96), (4, 1, 160), (3, 96), (3, 160)]  # every call reaches the op; it picks
-    torch.testing.assert_close(got4, want4, rtol=1e-5, atol=1e-5)
-    assert torch.equal(got3, want3)  # not the packed row count: F.linear's own result
+    assert spy == [(4, 1, 96), (4, 1, 160)]  # fp32 packs serve the call's row count only
+    torch.testing.assert_close(got[0], want[0], rtol=1e-5, atol=1e-5)
+    assert torch.equal(got[1], want[1]) and torch.equal(got[2], want[2])
     assert "forward" not in net[0].__dict__  # restored
+
+
+def test_bf16_packed_results_are_bit_for_bit_those_of_f_linear(spy):
+    net = mlp(frozen=True, dtype=torch.bfloat16)
+    x = torch.randn(8, 1, 96, dtype=torch.bfloat16)
+    with torch.inference_mode():
+        want = net(x)
+        with pw.PackedLinears(net).active(rows=8, new_tokens=24):
+            got = net(x)
+    assert len(spy) == 2 and torch.equal(got, want)
 
 
 def test_a_changed_weight_is_packed_again_never_used_stale():
@@ -67,18 +79,16 @@ def test_a_changed_weight_is_packed_again_never_used_stale():
         assert packer.held_weights() == 2  # frozen: kept for the next call
         with packer.active(rows=4, new_tokens=24):
             net(x)
-        assert packer.packed_last == 0  # unchanged, same rows: reused
+        assert packer.packed_last == 0  # unchanged: reused
     with torch.no_grad():
-        net[1].weight.mul_(-2.0)  # an in-place update, as an optimizer step does
+        net[1].weight.mul_(-2.0)  # an in-place update, as an optimizer step or a bf16 refresh does
     with torch.inference_mode():
         with packer.active(rows=4, new_tokens=24):
             got = net(x)
         want = net(x)
     assert packer.packed_last == 1
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
-    with torch.inference_mode(), packer.active(rows=8, new_tokens=24):
-        net(torch.randn(8, 96))
-    assert packer.packed_last == 2  # another row count: packed for it
+    assert packer.held_weights() == 1  # a weight that changes between calls is not held
 
 
 def test_trainable_weights_packs_are_dropped_and_grad_mode_runs_f_linear(spy):
@@ -131,21 +141,28 @@ def tiny_llama():
     return LlamaForCausalLM(config).eval(), tokenizer
 
 
-def test_a_policy_samples_the_same_tokens_with_and_without_packing(spy):
+@pytest.mark.parametrize("sample_dtype", [None, "bfloat16"])
+def test_a_policy_samples_the_same_tokens_with_and_without_packing_also_after_an_update(sample_dtype, spy):
     model, tokenizer = tiny_llama()
-    packed = CausalLMPolicy(model, tokenizer, **SETTINGS)
-    plain = CausalLMPolicy(model, tokenizer, packed_weights=False, **SETTINGS)
+    packed = CausalLMPolicy(model, tokenizer, sample_dtype=sample_dtype, **SETTINGS)
+    plain = CausalLMPolicy(model, tokenizer, sample_dtype=sample_dtype, packed_weights=False, **SETTINGS)
     assert plain.settings()["packed_weights"] is False and packed.settings()["packed_weights"] is True
-    without = sampled(plain)
-    assert spy == []
-    with_packing = sampled(packed)
-    steps = max(len(ids) for ids in with_packing) - 1  # decode steps after the prefill
-    layers = len(pw.packed_linears(model).layers())
-    assert layers == 2 * 7 + 1  # q k v o gate up down per layer, and the lm head
-    assert sum(shape[:2] == (8, 1) for shape in spy) == steps * layers  # every step's linears
-    assert with_packing == without
-    assert pw.packed_linears(model).held_weights() == 0  # trainable: nothing held after the call
-    assert "forward" not in model.lm_head.__dict__
+    for step in range(2):
+        spy.clear()
+        without = sampled(plain)
+        assert spy == []
+        with_packing = sampled(packed)
+        sampler = packed._sampling_runner().model  # the model itself, or its bf16 copy
+        layers = len(pw.packed_linears(sampler).layers())
+        assert layers == 2 * 7 + 1  # q k v o gate up down per layer, and the lm head
+        decode_steps = max(len(ids) for ids in with_packing) - 1
+        assert sum(shape[:2] == (8, 1) for shape in spy) == decode_steps * layers  # every step's linears
+        assert with_packing == without
+        assert pw.packed_linears(sampler).held_weights() == (0 if step or sample_dtype is None else layers)
+        assert "forward" not in sampler.lm_head.__dict__
+        with torch.no_grad():  # an update of every weight, as an optimizer step makes
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.05)
 
 
 def test_a_team_keeps_its_frozen_base_packed_and_never_packs_adapters(spy):

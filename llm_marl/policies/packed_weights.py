@@ -1,36 +1,40 @@
-"""fp32 linear layers with pre-packed weights for decoding on a CPU.
+"""Linear layers with pre-packed weights for decoding on a CPU.
 
 A decode step multiplies every weight matrix of the model by a skinny ``[rows, in]`` input (one
-new token per row). MKL's ``sgemm`` re-packs the weight operand on every such call, so at 4-64
-rows an fp32 step costs 1.5-2.3x the time of reading the weights once. :class:`PackedLinears`
-packs each weight once per sampling call (``torch.ops.mkl._mkl_reorder_linear_weight``, for the
-call's row count) and runs the step's linears as ``torch.ops.mkl._mkl_linear`` on the packed
-copy: 1.2-1.9x faster linears at 4-64 rows, on the SmolLM2-135M shape and a Qwen-0.5B-like
-one (``benchmarks/README.md``, *Packed weights*).
+new token per row). The CPU GEMM kernels re-pack the weight operand into their blocked layout on
+every such call, so a step costs well above the time of reading the weights once.
+:class:`PackedLinears` packs each weight once and, while :meth:`PackedLinears.active` is
+entered, runs the layers' few-row inputs on the packed copy: fp32 through MKL's packed sgemm
+(``torch.ops.mkl._mkl_reorder_linear_weight`` / ``_mkl_linear``), bf16 through oneDNN
+(``torch.ops.mkldnn._reorder_linear_weight`` / ``_linear_pointwise``). Measured on the
+SmolLM2-135M shape (one thread, ``benchmarks/README.md``, *Packed weights*): a step's linears
+at 4 rows take 47 instead of 69 ms in fp32 and 27 instead of 39 ms in bf16; at 8 rows 57
+instead of 93 and 27 instead of 42.
 
 Invariants:
 
-- Results equal ``F.linear``'s up to the order of the floating-point sums (max abs difference
-  ~4e-5 on outputs of magnitude ~25): the same fp32 arithmetic, no lower precision.
-- A packed weight serves only inputs with exactly the row count it was packed for; any other
-  input (a prompt's prefill, a chunk of another size) runs ``F.linear`` on the weight itself.
-- A weight changed since it was packed (an optimizer step, ``load_state_dict``: its
-  ``_version`` or storage changed) is packed again before use: a pack is never stale.
-- Packs of trainable weights are dropped when the sampling call ends (they would be stale after
-  the next optimizer step anyway), so a full model's training peak is unchanged; packs of frozen
-  weights (a LoRA team's base) are kept for the next call with the same row count. Memory while
-  held: about the packed weights' fp32 size.
-- Applies only where it can: weights in fp32 on the CPU, a torch built with MKL, layers at least
-  :data:`MIN_SIDE` wide on both sides (not a LoRA adapter's rank-r matrices), more than one row,
-  and calls long enough to repay the packing (:data:`MIN_STEPS` new tokens; packing costs about
-  4-14 steps' saving). Everywhere else :meth:`PackedLinears.active` changes nothing.
+- The same arithmetic in the same dtype: bf16 results equal ``F.linear``'s bit for bit; fp32
+  results differ only by summation order (max abs difference ~4e-5 on outputs of size ~25).
+- Only the inputs a packed weight was made for take it: in fp32 those of exactly the call's row
+  count (one decode step), in bf16 those of 1-256 rows. Other inputs (a long prompt's prefill)
+  and every call with autograd recording run ``F.linear``.
+- A pack is never stale: a weight whose ``_version`` or storage changed since it was packed (an
+  optimizer step, ``load_state_dict``, a refreshed bf16 copy) is packed again before use.
+- Memory: a pack takes about its weight's size. Packs of weights that did not change since the
+  previous call and do not require grad (a LoRA team's frozen base) are kept for the next call;
+  all others are dropped when the call ends, so a full model's training peak is unchanged.
+- It applies where it can: ``torch.nn.Linear`` layers on the CPU in fp32 or bf16, at least
+  :data:`MIN_SIDE` wide on both sides (not a LoRA adapter's rank-r matrices), a torch built with
+  MKL (fp32) or oneDNN (bf16), calls of 2+ rows (fp32) and of :data:`MIN_STEPS` new tokens or
+  more (packing costs a few steps' saving). GPT-2's ``Conv1D`` layers are not ``nn.Linear`` and
+  are left as they are.
 """
 
 from __future__ import annotations
 
 import weakref
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterator, NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -44,17 +48,55 @@ MIN_STEPS = 12
 """Sampling calls with fewer new tokens than this are not packed (the packing would not pay)."""
 
 
-def _mkl_ops() -> Any:
-    ops = getattr(torch.ops, "mkl", None)
+def _has(namespace: str, op: str) -> bool:
     try:
-        return ops if ops is not None and hasattr(ops, "_mkl_linear") and torch.backends.mkl.is_available() else None
-    except (AttributeError, RuntimeError):  # pragma: no cover - a torch without the MKL ops
-        return None
+        return hasattr(getattr(torch.ops, namespace), op)
+    except (AttributeError, RuntimeError):  # pragma: no cover - a torch built without it
+        return False
+
+
+class Kernel(NamedTuple):
+    """How one dtype's weights are packed and run."""
+
+    available: bool
+    pack: Any
+    """``pack(weight, rows) -> packed``."""
+    run: Any
+    """``run(x, packed, weight, bias, rows) -> F.linear(x, weight, bias)``."""
+    rows: Any
+    """``rows(input_rows, call_rows) -> bool``: whether an input takes the packed weight."""
+    min_call_rows: int
+
+
+def _mkl_pack(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)
+
+
+def _mkl_run(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: Any, rows: int) -> torch.Tensor:
+    return torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
+
+
+def _onednn_pack(weight: torch.Tensor, rows: int) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), rows)
+
+
+def _onednn_run(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: Any, rows: int) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+KERNELS = {
+    # MKL's packed sgemm serves exactly the row count it was packed for (any other falls back).
+    torch.float32: Kernel(_has("mkl", "_mkl_linear") and torch.backends.mkl.is_available(), _mkl_pack, _mkl_run,
+                          lambda rows, call_rows: rows == call_rows, 2),
+    torch.bfloat16: Kernel(_has("mkldnn", "_linear_pointwise") and torch.backends.mkldnn.is_available(), _onednn_pack,
+                           _onednn_run, lambda rows, call_rows: 1 <= rows <= 256, 1),
+}
+"""Per weight dtype, the packed kernel (see the module docstring)."""
 
 
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: Any, rows: int) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` through ``packed`` (``weight`` packed for ``rows`` rows)."""
-    return torch.ops.mkl._mkl_linear(x, packed, weight, bias, rows)
+    """``F.linear(x, weight, bias)`` on ``packed``, the weight packed for calls of ``rows`` rows."""
+    return KERNELS[weight.dtype].run(x, packed, weight, bias, rows)
 
 
 class PackedLinears:
@@ -62,35 +104,37 @@ class PackedLinears:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        self._packs: dict[int, tuple[int, tuple[int, int], torch.Tensor, int]] = {}
+        self._packs: dict[int, tuple[tuple[int, int, int], torch.Tensor, int]] = {}
+        self._stamps: dict[int, tuple[int, int, int]] = {}
+        self._changed: set[int] = set()
         self.packed_last = 0
         """Layers the last :meth:`active` call packed (again); 0 when it did not apply."""
 
     def layers(self) -> list[torch.nn.Linear]:
-        """The packable layers: fp32 CPU ``torch.nn.Linear`` at least :data:`MIN_SIDE` wide."""
+        """The packable layers (see the module docstring)."""
         return [
             m
             for m in self.model.modules()
             if isinstance(m, torch.nn.Linear)
             and min(m.in_features, m.out_features) >= MIN_SIDE
-            and m.weight.dtype == torch.float32
+            and m.weight.dtype in KERNELS
+            and KERNELS[m.weight.dtype].available
             and m.weight.device.type == "cpu"
         ]
 
-    def applies(self, rows: int, new_tokens: int) -> bool:
-        """Whether :meth:`active` packs for a call of ``rows`` rows and ``new_tokens`` steps."""
-        return rows >= 2 and new_tokens >= MIN_STEPS and _mkl_ops() is not None
-
     @contextmanager
     def active(self, rows: int, new_tokens: int) -> Iterator[None]:
-        """Within the block, inputs of ``rows`` rows to the packable layers run on packed weights."""
+        """Within the block, the packable layers' inputs run on weights packed for a sampling
+        call of ``rows`` rows and ``new_tokens`` steps (those the module docstring says)."""
         self.packed_last = 0
-        if not self.applies(rows, new_tokens):
+        if new_tokens < MIN_STEPS:
             yield
             return
         swapped = []
         try:
             for layer in self.layers():
+                if rows < KERNELS[layer.weight.dtype].min_call_rows:
+                    continue
                 swapped.append((layer, layer.__dict__.get("forward")))
                 layer.forward = _packed_forward(layer, self._pack(layer, rows), rows)
             yield
@@ -100,37 +144,42 @@ class PackedLinears:
                     del layer.__dict__["forward"]
                 else:
                     layer.forward = own
-                if layer.weight.requires_grad:
+                if layer.weight.requires_grad or id(layer) in self._changed:
                     self._packs.pop(id(layer), None)
+            self._changed.clear()
 
     def _pack(self, layer: torch.nn.Linear, rows: int) -> torch.Tensor:
         weight = layer.weight
-        stamp = (weight._version, weight.data_ptr())
+        stamp = (weight._version, weight.data_ptr(), rows)
         held = self._packs.get(id(layer))
-        if held is not None and held[0] == rows and held[1] == stamp:
-            return held[2]
-        packed = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), rows)
-        self._packs[id(layer)] = (rows, stamp, packed, weight.numel() * weight.element_size())
+        if held is not None and held[0] == stamp:
+            return held[1]
+        if self._stamps.get(id(layer), stamp)[:2] != stamp[:2]:
+            self._changed.add(id(layer))  # it changes between calls: not worth holding
+        packed = KERNELS[weight.dtype].pack(weight, rows)
+        self._packs[id(layer)] = (stamp, packed, weight.numel() * weight.element_size())
+        self._stamps[id(layer)] = stamp
         self.packed_last += 1
         return packed
 
     def held_weights(self) -> int:
-        """Layers whose packs are held between calls (frozen weights only)."""
+        """Layers whose packs are held between calls."""
         return len(self._packs)
 
     def held_bytes(self) -> int:
-        """The fp32 size of the weights whose packs are held: about the resident memory they
-        take (MKL reserves a larger buffer per pack, most of it never touched)."""
-        return sum(entry[3] for entry in self._packs.values())
+        """Bytes of the packs held between calls."""
+        return sum(entry[2] for entry in self._packs.values())
 
 
-def _packed_forward(layer: torch.nn.Linear, packed: torch.Tensor, rows: int) -> Any:
+def _packed_forward(layer: torch.nn.Linear, packed: torch.Tensor, call_rows: int) -> Any:
     weight, bias = layer.weight, layer.bias
+    takes = KERNELS[weight.dtype].rows
 
     def forward(x: torch.Tensor) -> torch.Tensor:
-        if x.dtype != torch.float32 or (torch.is_grad_enabled() and weight.requires_grad):
+        rows = x.numel() // x.shape[-1] if x.numel() else 0
+        if not takes(rows, call_rows) or x.dtype != weight.dtype or (torch.is_grad_enabled() and weight.requires_grad):
             return F.linear(x, weight, bias)
-        return packed_linear(x, packed, weight, bias, rows)
+        return packed_linear(x, packed, weight, bias, call_rows)
 
     return forward
 
