@@ -91,7 +91,9 @@ def test_a_changed_weight_is_packed_again_never_used_stale():
     assert packer.held_weights() == 1  # a weight that changes between calls is not held
 
 
-def test_trainable_weights_packs_are_dropped_and_grad_mode_runs_f_linear(spy):
+def test_trainable_weights_packs_are_dropped_and_grad_mode_runs_f_linear(spy, monkeypatch):
+    trims = []
+    monkeypatch.setattr(pw, "return_freed_memory", lambda: trims.append(1))
     net = mlp(frozen=False)
     packer = pw.PackedLinears(net)
     x = torch.randn(4, 96)
@@ -99,7 +101,11 @@ def test_trainable_weights_packs_are_dropped_and_grad_mode_runs_f_linear(spy):
         y = net(x)  # autograd on: the packed op has no backward, so F.linear runs
         y.sum().backward()
     assert spy == [] and net[0].weight.grad is not None
-    assert packer.held_weights() == 0
+    assert packer.held_weights() == 0 and trims == [1]  # dropped, and the freed heap handed back
+    frozen = pw.PackedLinears(mlp(frozen=True))
+    with torch.inference_mode(), frozen.active(rows=4, new_tokens=24):
+        pass
+    assert frozen.held_weights() == 2 and trims == [1]  # nothing dropped: nothing to hand back
 
 
 def test_forward_is_restored_after_an_error_and_an_instance_forward_survives():

@@ -32,6 +32,7 @@ Invariants:
 
 from __future__ import annotations
 
+import ctypes
 import weakref
 from contextlib import contextmanager
 from typing import Any, Iterator, NamedTuple
@@ -94,6 +95,26 @@ KERNELS = {
 """Per weight dtype, the packed kernel (see the module docstring)."""
 
 
+def return_freed_memory() -> None:
+    """Hand freed heap memory back to the OS (glibc's ``malloc_trim``; elsewhere nothing).
+
+    Packs dropped at every sampling call are large blocks that glibc's allocator, having raised
+    its mmap threshold, keeps in the heap: without this a full model's resident memory grew by
+    about a pack's size per call (SmolLM2-135M: peak 3.0 GB without packing, 3.9 GB after four
+    sampling calls and updates, 3.0 GB with the trim)."""
+    global _TRIM
+    if _TRIM is None:
+        try:
+            _TRIM = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _TRIM = False
+    if _TRIM:
+        _TRIM(0)
+
+
+_TRIM: Any = None
+
+
 def packed_linear(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bias: Any, rows: int) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` on ``packed``, the weight packed for calls of ``rows`` rows."""
     return KERNELS[weight.dtype].run(x, packed, weight, bias, rows)
@@ -139,14 +160,17 @@ class PackedLinears:
                 layer.forward = _packed_forward(layer, self._pack(layer, rows), rows)
             yield
         finally:
+            dropped = 0
             for layer, own in swapped:
                 if own is None:
                     del layer.__dict__["forward"]
                 else:
                     layer.forward = own
                 if layer.weight.requires_grad or id(layer) in self._changed:
-                    self._packs.pop(id(layer), None)
+                    dropped += self._packs.pop(id(layer), None) is not None
             self._changed.clear()
+            if dropped:
+                return_freed_memory()
 
     def _pack(self, layer: torch.nn.Linear, rows: int) -> torch.Tensor:
         weight = layer.weight
