@@ -24,7 +24,7 @@ Examples::
     llm-marl plot runs/x                                   # PNG curves from the TensorBoard logs
     llm-marl view runs/x                                   # the recorded rollout trees as one HTML page
 
-Run folders never mix runs (``learners/run_folder.py``): a new run refuses a non-empty
+Run folders never mix runs (``runs/run_folder.py``): a new run refuses a non-empty
 ``--output_dir`` unless ``--resume`` (continue the run it holds) or ``--overwrite`` (move the old
 contents aside). Ctrl-C or SIGTERM stops after the current batch, writes a checkpoint, prints
 the command that resumes it and exits 130 / 143; a second Ctrl-C stops at once.
@@ -47,7 +47,7 @@ import time
 from typing import Any, Sequence
 
 from llm_marl import assembly
-from llm_marl.assembly import SAMPLING_FIELDS
+from llm_marl.assembly import SAMPLING_FIELDS  # noqa: F401 (still importable as cli.SAMPLING_FIELDS)
 
 LEARNERS = {
     "magrpo": "MAGRPO",

@@ -226,7 +226,7 @@ def test_the_drop_in_constructor_gives_full_models_their_bf16_sampler(model_dir)
 
 
 def test_the_cli_gives_full_models_their_bf16_sampler():
-    # Planted bug caught: sample_dtype missing from cli.SAMPLING_FIELDS (the flag silently ignored).
+    # Planted bug caught: sample_dtype missing from policy_options (the flag silently ignored).
     from llm_marl.cli import build_trainer
 
     trainer = build_trainer({"env": "WritingCollab-v0", "policy": "lm", "model": "tiny", "num_turns": 1, "max_new_tokens": 4,

@@ -57,7 +57,6 @@ Choices where the anchor library is silent or differs:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import inspect
 import os
@@ -249,16 +248,6 @@ def anchor_policies(args: Any, model: Any, tokenizer: Any, model_config: dict[st
         chat_template=config.get("chat_template", False),  # CoMLRL sends the formatters' raw text
         label="agents" if isinstance(model, (list, tuple)) else "agent_model",
     )
-
-
-def _full_models(
-    args: Any, sources: list[Any], tokenizer: Any, count: int, model_config: dict[str, Any], shared: bool
-) -> tuple[list[Any], list[Any]]:
-    """One full model per agent whatever ``args.lora_r`` says (the centralized trainer's actor)."""
-    full = copy.copy(args)
-    full.lora_r = None
-    built = anchor_policies(full, sources[0] if shared else sources, tokenizer, model_config, count)
-    return built.policies, built.tokenizers
 
 
 ADAMW_DEFAULT_WEIGHT_DECAY: float = inspect.signature(__import__("torch").optim.AdamW).parameters["weight_decay"].default

@@ -12,6 +12,7 @@ ignored with a warning.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import warnings
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Any
 
 from llm_marl.envs.dialogue import DialogueEnv
 from llm_marl.learners import centralized as _centralized
-from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, _full_models, normalize_comlrl_fields
+from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, anchor_policies, normalize_comlrl_fields
 from llm_marl.runs.run_dir import default_run_dir
 from llm_marl.tasks.function_task import FunctionTask
 
@@ -81,7 +82,10 @@ def centralized_from_anchor_kwargs(
     if args.output_dir is None:
         args = dataclasses.replace(args, output_dir=default_run_dir("centralized"))
     source = agent_model if agent_model is not None else agents[0]
-    policies, tokenizers = _full_models(args, [source], tokenizer, 1, dict(model_config or {}), shared=False)
+    actor_args = copy.copy(args)
+    actor_args.lora_r = None  # the one actor is a full model, whatever lora_r says
+    built = anchor_policies(actor_args, source, tokenizer, model_config, 1)
+    policies, tokenizers = built.policies, built.tokenizers
     task = FunctionTask(reward_func, formatters if formatters is not None else (lambda item: item["prompt"]), None, train_dataset,
                         num_agents=args.num_agents, num_turns=1, eval_dataset=eval_dataset, reward_processor=reward_processor)
     eval_env = DialogueEnv(task, split="eval") if eval_dataset is not None and len(eval_dataset) else None
