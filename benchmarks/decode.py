@@ -10,8 +10,11 @@ prompts of ``--prompt-tokens`` tokens, temperature 1, no top-p/top-k, eos suppre
 
 Per (dtype, rows):
 
-- **ms per token step**: (time of ``sample`` with ``--steps`` new tokens − time with 1 new
-  token) / (steps − 1), each the fastest of ``--repeats`` rounds: prefill and set-up cancel out.
+- **ms per token step**: (time of ``sample`` with ``--steps`` new tokens − time with
+  ``short_call(steps)`` = max(12, steps // 2) new tokens) / the difference in tokens, each the
+  fastest of ``--repeats`` rounds: prefill, packing and set-up cancel out. (Until 2026-12-01 the
+  shorter call had 1 token; with packed weights that call packs nothing and its prefill runs
+  unpacked, which made the difference too small, most for bf16 at 16-32 rows.)
   A round measures every (variant, rows) once, so the variants compared run interleaved.
 - **weight-streaming floor**: the time to read every weight once — measured as the fastest
   ``src.sum()`` over a tensor of the weights' byte count (the read bandwidth one thread reaches
@@ -61,6 +64,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from throughput import SMOLLM2_135M, SMALL, bench_prompts, padded_tokenizer, smol_model  # noqa: E402
 
 K = 4
+
+
+def short_call(steps: int) -> int:
+    """New tokens of the shorter call whose time is subtracted: half of ``steps``, but at least
+    ``packed_weights.MIN_STEPS``, so that both calls pack their weights (and their prefills run
+    alike); a 1-token call would not, and its unpacked prefill biased the difference."""
+    from llm_marl.policies.packed_weights import MIN_STEPS
+
+    return max(MIN_STEPS, steps // 2)
 
 
 def fastest(fn, repeats: int) -> float:
@@ -207,7 +219,7 @@ def run(opts) -> list[dict]:
                     return CausalLMPolicy(model, tokenizer, max_new_tokens=steps, min_new_tokens=steps, temperature=1.0,
                                           top_p=None, top_k=None, sample_dtype=sample_dtype, packed_weights=packed)
 
-                full, one = policy(opts.steps), policy(1)
+                full, one = policy(opts.steps), policy(short_call(opts.steps))
                 full._shadow = one._shadow = copies.get(variant)  # one bf16 copy per variant (bf16-sampling)
                 with torch.no_grad():
                     sampler = full._sampling_runner().model  # builds the copy outside the timing
@@ -224,6 +236,7 @@ def run(opts) -> list[dict]:
             for variant in labels:
                 setup = setups[variant, rows]
                 with torch.no_grad():
+                    setup["one"].sample(setup["prompts"], setup["k"])  # packs for these rows (fp32), untimed
                     setup["t_one"].append(fastest(lambda: setup["one"].sample(setup["prompts"], setup["k"]), 1))
                     setup["t_full"].append(fastest(lambda: setup["full"].sample(setup["prompts"], setup["k"]), 1))
                 setup["loads"].append(os.getloadavg()[0])
@@ -232,7 +245,7 @@ def run(opts) -> list[dict]:
         for rows in opts.rows:
             setup = setups[variant, rows]
             model, prompts, k, stream, peak = setup["model"], setup["prompts"], setup["k"], setup["stream"], setup["peak"]
-            per_step = (min(setup["t_full"]) - min(setup["t_one"])) / (opts.steps - 1)
+            per_step = (min(setup["t_full"]) - min(setup["t_one"])) / (opts.steps - short_call(opts.steps))
             flops = step_flops(model, rows, opts.prompt_tokens + opts.steps / 2)
             row = {
                 "dtype": variant, "rows": rows, "prompts": len(prompts), "k": k, "steps": opts.steps,
@@ -280,8 +293,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="cache of the tiny model whose tokenizer is used (shared with throughput.py)")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     opts = parser.parse_args(argv)
-    if opts.steps < 2:
-        parser.error("--steps must be >= 2 (a step's time is the difference to a 1-token call)")
+    if opts.steps <= short_call(opts.steps):
+        parser.error(f"--steps must be > {short_call(opts.steps)} (a step's time is the difference to a shorter call "
+                     f"that packs its weights too: at least MIN_STEPS = {short_call(0)} tokens)")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     results = run(opts)
     print()

@@ -67,6 +67,9 @@ class Kernel(NamedTuple):
     rows: Any
     """``rows(input_rows, call_rows) -> bool``: whether an input takes the packed weight."""
     min_call_rows: int
+    """Calls of fewer rows are not packed."""
+    per_call_rows: bool
+    """Whether a pack serves only the row count it was made for (else it is reused for any)."""
 
 
 def _mkl_pack(weight: torch.Tensor, rows: int) -> torch.Tensor:
@@ -88,9 +91,9 @@ def _onednn_run(x: torch.Tensor, packed: torch.Tensor, weight: torch.Tensor, bia
 KERNELS = {
     # MKL's packed sgemm serves exactly the row count it was packed for (any other falls back).
     torch.float32: Kernel(_has("mkl", "_mkl_linear") and torch.backends.mkl.is_available(), _mkl_pack, _mkl_run,
-                          lambda rows, call_rows: rows == call_rows, 2),
+                          lambda rows, call_rows: rows == call_rows, 2, True),
     torch.bfloat16: Kernel(_has("mkldnn", "_linear_pointwise") and torch.backends.mkldnn.is_available(), _onednn_pack,
-                           _onednn_run, lambda rows, call_rows: 1 <= rows <= 256, 1),
+                           _onednn_run, lambda rows, call_rows: 1 <= rows <= 256, 1, False),
 }
 """Per weight dtype, the packed kernel (see the module docstring)."""
 
@@ -174,7 +177,7 @@ class PackedLinears:
 
     def _pack(self, layer: torch.nn.Linear, rows: int) -> torch.Tensor:
         weight = layer.weight
-        stamp = (weight._version, weight.data_ptr(), rows)
+        stamp = (weight._version, weight.data_ptr(), rows if KERNELS[weight.dtype].per_call_rows else 0)
         held = self._packs.get(id(layer))
         if held is not None and held[0] == stamp:
             return held[1]
