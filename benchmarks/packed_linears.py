@@ -1,0 +1,78 @@
+"""The linear layers of one decode step, plain against packed weights (``llm_marl.policies.packed_weights``).
+
+For a model shape (the 7 projections of each of its layers and the lm head, random weights,
+streamed from memory as in a real step), per dtype and row count: the time of every linear of
+one step through ``F.linear``, through the packed kernel ``packed_weights`` uses for that dtype
+(MKL's packed sgemm for fp32, packed for exactly that row count; oneDNN's prepacked weight for
+bf16), and the time to pack every weight once. Fastest of ``--repeats``, one torch thread by
+default. Usage::
+
+    python benchmarks/packed_linears.py                       # SmolLM2-135M shape, fp32 and bf16
+    python benchmarks/packed_linears.py --shape qwen0.5b --dtypes float32
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+SHAPES = {
+    # hidden, intermediate, kv width (kv heads x head dim), layers, vocabulary
+    "smol135m": (576, 1536, 192, 30, 49152),
+    "qwen0.5b": (896, 4864, 128, 24, 151936),
+}
+
+
+def fastest(fn, repeats: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def step_weights(shape: str, dtype):
+    import torch
+
+    hidden, inter, kv, layers, vocab = SHAPES[shape]
+    per_layer = [(hidden, hidden), (kv, hidden), (kv, hidden), (hidden, hidden), (inter, hidden), (inter, hidden), (hidden, inter)]
+    weights = [torch.randn(*s, dtype=dtype) for _ in range(layers) for s in per_layer]
+    return weights + [torch.randn(vocab, hidden, dtype=dtype)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch
+    import torch.nn.functional as F
+
+    from llm_marl.policies.packed_weights import KERNELS
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="smol135m")
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=4)
+    opts = parser.parse_args(argv)
+    torch.set_num_threads(opts.threads)
+    print(f"| shape | dtype | rows | F.linear ms | packed ms | speed-up | packing ms |\n|---|---|---|---|---|---|---|")
+    for name in opts.dtypes:
+        dtype = getattr(torch, name)
+        kernel = KERNELS[dtype]
+        weights = step_weights(opts.shape, dtype)
+        with torch.inference_mode():
+            for rows in opts.rows:
+                inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=dtype) for w in weights}
+                plain = fastest(lambda: [F.linear(inputs[w.shape[1]], w) for w in weights], opts.repeats)
+                start = time.perf_counter()
+                packs = [kernel.pack(w, rows) for w in weights]
+                packing = time.perf_counter() - start
+                packed = fastest(lambda: [kernel.run(inputs[w.shape[1]], p, w, None, rows) for w, p in zip(weights, packs)], opts.repeats)
+                del packs
+                print(f"| {opts.shape} | {name} | {rows} | {plain * 1e3:.1f} | {packed * 1e3:.1f} | {plain / packed:.2f}x | {packing * 1e3:.0f} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
