@@ -561,6 +561,28 @@ MUTANTS: list[Mutant] = [
         "roles = [actions[self.actor]] * len(self.roles)",
         ("tests/test_preference_centralized.py::test_the_joint_answer_is_split_per_role_for_the_shared_reward",),
     ),
+    # --- packed weights for CPU decoding (issue 24) -----------------------------------------------
+    Mutant(
+        "a pack is reused after its weight changed (stale weights decode)",
+        "llm_marl/policies/packed_weights.py",
+        "if held is not None and held[0] == stamp:",
+        "if held is not None:",
+        ("tests/test_packed_weights.py",),
+    ),
+    Mutant(
+        "trainable weights' packs are held between calls (a full model's memory grows)",
+        "llm_marl/policies/packed_weights.py",
+        "if layer.weight.requires_grad or id(layer) in self._changed:",
+        "if id(layer) in self._changed:",
+        ("tests/test_packed_weights.py",),
+    ),
+    Mutant(
+        "the packed fp32 kernel serves any row count, not the one it was packed for",
+        "llm_marl/policies/packed_weights.py",
+        "lambda rows, call_rows: rows == call_rows, 2, True),",
+        "lambda rows, call_rows: True, 2, True),",
+        ("tests/test_packed_weights.py",),
+    ),
 ]
 
 
