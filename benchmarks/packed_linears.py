@@ -14,23 +14,18 @@ default. Usage::
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode import fastest  # noqa: E402
 
 SHAPES = {
     # hidden, intermediate, kv width (kv heads x head dim), layers, vocabulary
     "smol135m": (576, 1536, 192, 30, 49152),
     "qwen0.5b": (896, 4864, 128, 24, 151936),
 }
-
-
-def fastest(fn, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def step_weights(shape: str, dtype):
@@ -56,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=4)
     opts = parser.parse_args(argv)
     torch.set_num_threads(opts.threads)
-    print(f"| shape | dtype | rows | F.linear ms | packed ms | speed-up | packing ms |\n|---|---|---|---|---|---|---|")
+    print("| shape | dtype | rows | F.linear ms | packed ms | speed-up | packing ms |\n|---|---|---|---|---|---|---|")
     for name in opts.dtypes:
         dtype = getattr(torch, name)
         kernel = KERNELS[dtype]
@@ -64,12 +59,14 @@ def main(argv: list[str] | None = None) -> int:
         with torch.inference_mode():
             for rows in opts.rows:
                 inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=dtype) for w in weights}
+                [F.linear(inputs[w.shape[1]], w) for w in weights]  # warm-up
                 plain = fastest(lambda: [F.linear(inputs[w.shape[1]], w) for w in weights], opts.repeats)
                 start = time.perf_counter()
                 packs = [kernel.pack(w, rows) for w in weights]
                 packing = time.perf_counter() - start
+                [kernel.run(inputs[w.shape[1]], p, w, None, rows) for w, p in zip(weights, packs)]  # warm-up
                 packed = fastest(lambda: [kernel.run(inputs[w.shape[1]], p, w, None, rows) for w, p in zip(weights, packs)], opts.repeats)
-                del packs
+                packs.clear()
                 print(f"| {opts.shape} | {name} | {rows} | {plain * 1e3:.1f} | {packed * 1e3:.1f} | {plain / packed:.2f}x | {packing * 1e3:.0f} |", flush=True)
     return 0
 
