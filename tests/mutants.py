@@ -583,6 +583,13 @@ MUTANTS: list[Mutant] = [
         "lambda rows, call_rows: True, 2, True),",
         ("tests/test_packed_weights.py",),
     ),
+    Mutant(
+        "a team batches only agents whose every setting matches (system prompts split the loop)",
+        "llm_marl/policies/lora_team.py",
+        "same = all(getattr(self.policies[a], s) == getattr(first, s) for a in agents for s in SHARED_SAMPLING)",
+        "same = all(self.policies[a].settings() == first.settings() for a in agents)",
+        ("tests/test_chat_template.py::test_team_agents_with_their_own_system_prompts_share_one_decode_loop",),
+    ),
 ]
 
 

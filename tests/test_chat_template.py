@@ -167,3 +167,34 @@ def test_comlrl_scripts_keep_raw_formatter_text_unless_they_opt_in(model, tokeni
         assert policy.encode_prompts([PROMPTS[0]]) == [tokenizer(PROMPTS[0])["input_ids"]]
     for policy in build(model_config={"chat_template": True}).policies.values():
         assert policy.encode_prompts([PROMPTS[0]]) == [_template_ids(tokenizer, [{"role": "user", "content": PROMPTS[0]}])]
+
+
+def test_team_agents_with_their_own_system_prompts_share_one_decode_loop(tokenizer, monkeypatch):
+    # Planted bug caught: the team comparing every setting (system_prompt included) before batching,
+    # which sampled a helper and a main writer with different roles in two decode loops.
+    from llm_marl.policies import lora_team
+    from llm_marl.policies.lora_team import LoRATeam
+
+    team = LoRATeam.from_model(tiny_llama(tokenizer), tokenizer, ["helper", "main"], r=2, target_modules=["q_proj", "v_proj"], max_new_tokens=4)
+    team.policies["helper"].system_prompt = "You write the helper function."
+    team.policies["main"].system_prompt = "You write the main function."
+    loops = []
+    real = lora_team.AdapterPolicy._decode
+
+    def counted(self, prompts, num_samples, routes=None):
+        loops.append((list(prompts), None if routes is None else list(routes)))
+        return real(self, prompts, num_samples, routes)
+
+    monkeypatch.setattr(lora_team.AdapterPolicy, "_decode", counted)
+    torch.manual_seed(2)
+    team.sample({"helper": PROMPTS[:1], "main": PROMPTS[:1]}, 2)
+    assert len(loops) == 1  # one loop for both agents
+    [(prompts, routes)] = loops
+    assert routes == ["helper", "main"]
+    for ids, agent in zip(prompts, routes):  # each row carries its own agent's system prompt
+        role = {"role": "system", "content": team.policies[agent].system_prompt}
+        assert ids == _template_ids(tokenizer, [role, {"role": "user", "content": PROMPTS[0]}])
+    team.policies["main"].temperature = 0.3  # a setting the shared loop reads: two loops again
+    loops.clear()
+    team.sample({"helper": PROMPTS[:1], "main": PROMPTS[:1]}, 2)
+    assert len(loops) == 2

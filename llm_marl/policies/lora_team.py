@@ -61,6 +61,12 @@ BASE_ROUTE = "__base__"
 """The route of rows that run through the base model with every adapter disabled."""
 TEAM_FILE = "llm_marl_team.json"
 
+SHARED_SAMPLING = (
+    "max_new_tokens", "min_new_tokens", "temperature", "top_p", "top_k", "max_batch_size", "sample_dtype",
+    "packed_weights", "eos_token_ids", "context_length",
+)
+"""The settings a team's shared decode loop takes from its first agent: agents must agree on them."""
+
 
 def _segments(routes: Sequence[str]) -> list[tuple[str, int, int]]:
     """Consecutive runs of equal routes as ``(route, start, stop)``."""
@@ -495,8 +501,11 @@ class LoRATeam:
     # ------------------------------------------------------------------ one pass for the team
 
     def _batchable(self, agents: Sequence[str]) -> bool:
+        """Whether the agents can share one decode loop: they agree on everything the loop reads
+        from its lead policy. Prompt encoding (``system_prompt``, ``add_special_tokens``) is each
+        agent's own, so agents with different system prompts still sample together."""
         first = self.policies[agents[0]]
-        same = all(self.policies[a].settings() == first.settings() for a in agents)
+        same = all(getattr(self.policies[a], s) == getattr(first, s) for a in agents for s in SHARED_SAMPLING)
         return same and not any(self.policies[a].use_hf_generate or self.policies[a].generation_kwargs for a in agents)
 
     def sample(self, requests: Mapping[str, Sequence[str]], num_samples: int) -> dict[str, list[list[Completion]]]:
