@@ -103,8 +103,8 @@ def return_freed_memory() -> None:
 
     Packs dropped at every sampling call are large blocks that glibc's allocator, having raised
     its mmap threshold, keeps in the heap: without this a full model's resident memory grew by
-    about a pack's size per call (SmolLM2-135M: peak 3.0 GB without packing, 3.9 GB after four
-    sampling calls and updates, 3.0 GB with the trim)."""
+    about a pack's size per call (SmolLM2-135M, four sampling calls and updates: peak 3.0 GB
+    without packing, 3.9 GB and growing with it, 3.4-3.5 GB with the trim)."""
     global _TRIM
     if _TRIM is None:
         try:
@@ -128,7 +128,7 @@ class PackedLinears:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        self._packs: dict[int, tuple[tuple[int, int, int], torch.Tensor, int]] = {}
+        self._packs: dict[int, tuple[tuple[int, int, int], torch.Tensor]] = {}
         self._stamps: dict[int, tuple[int, int, int]] = {}
         self._changed: set[int] = set()
         self.packed_last = 0
@@ -184,7 +184,7 @@ class PackedLinears:
         if self._stamps.get(id(layer), stamp)[:2] != stamp[:2]:
             self._changed.add(id(layer))  # it changes between calls: not worth holding
         packed = KERNELS[weight.dtype].pack(weight, rows)
-        self._packs[id(layer)] = (stamp, packed, weight.numel() * weight.element_size())
+        self._packs[id(layer)] = (stamp, packed)
         self._stamps[id(layer)] = stamp
         self.packed_last += 1
         return packed
@@ -192,10 +192,6 @@ class PackedLinears:
     def held_weights(self) -> int:
         """Layers whose packs are held between calls."""
         return len(self._packs)
-
-    def held_bytes(self) -> int:
-        """Bytes of the packs held between calls."""
-        return sum(entry[2] for entry in self._packs.values())
 
 
 def _packed_forward(layer: torch.nn.Linear, packed: torch.Tensor, call_rows: int) -> Any:
