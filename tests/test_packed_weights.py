@@ -147,6 +147,12 @@ def tiny_llama():
     return LlamaForCausalLM(config).eval(), tokenizer
 
 
+def test_packed_weights_must_be_a_bool():
+    model, tokenizer = tiny_llama()
+    with pytest.raises(ValueError, match=r"packed_weights must be True or False, got 'yes'"):
+        CausalLMPolicy(model, tokenizer, packed_weights="yes")
+
+
 @pytest.mark.parametrize("sample_dtype", [None, "bfloat16"])
 def test_a_policy_samples_the_same_tokens_with_and_without_packing_also_after_an_update(sample_dtype, spy):
     model, tokenizer = tiny_llama()

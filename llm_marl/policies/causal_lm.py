@@ -295,6 +295,8 @@ class CausalLMPolicy:
             raise ValueError(f"chat_template must be None, True or False, got {chat_template!r}")
         if system_prompt is not None and not isinstance(system_prompt, str):
             raise ValueError(f"system_prompt must be a string or None, got {type(system_prompt).__name__}")
+        if not isinstance(packed_weights, bool):
+            raise ValueError(f"packed_weights must be True or False, got {packed_weights!r}")
         if sample_dtype is not None and sample_dtype not in SAMPLE_DTYPES:
             raise ValueError(f"sample_dtype must be None or one of {', '.join(SAMPLE_DTYPES)}; got {sample_dtype!r}")
         has_template = bool(getattr(tokenizer, "chat_template", None))
@@ -325,7 +327,7 @@ class CausalLMPolicy:
         self.chat_template = chat_template
         self.system_prompt = system_prompt
         self.sample_dtype = sample_dtype
-        self.packed_weights = bool(packed_weights)
+        self.packed_weights = packed_weights
         self._shadow: LowPrecisionShadow | None = None
         self.uses_chat_template = has_template if chat_template is None else chat_template
         if system_prompt is not None and not self.uses_chat_template:
