@@ -30,7 +30,7 @@ from llm_marl.learners.tree import RolloutNode  # noqa: E402
 from llm_marl.policies.base import Completion  # noqa: E402
 from llm_marl.policies.tabular import TabularPolicy  # noqa: E402
 from llm_marl.tasks.matrix import CLIMBING  # noqa: E402
-from toy_tasks import MENU as COLOURS, ColourMatch  # noqa: E402
+from toy_tasks import MENU as COLOURS, ColourMatch, reward_blind_pairs  # noqa: E402
 
 MENU = ("alpha", "beta", "gamma")
 
@@ -201,20 +201,8 @@ def climbing_madpo(seed, shuffled=False):
     args = MADPOConfig(num_train_epochs=15, agent_learning_rate=0.3, preference_num_candidates=8, preference_pairs_per_sample=8,
                        dpo_beta=0.5, rollout_buffer_size=1, eval_interval=0, progress_bar=False, seed=seed)
     trainer = MADPOTrainer(env=env, policies=policies, args=args)
-    original = preference.select_pairs
-    if shuffled:  # the control: each item's candidate rewards permuted before the pairs are chosen
-        rng = random.Random(seed)
-
-        def blind(rewards, *rest):
-            permuted = list(rewards)
-            rng.shuffle(permuted)
-            return original(permuted, *rest)
-
-        preference.select_pairs = blind
-    try:
+    with reward_blind_pairs(preference, seed, blind=shuffled):  # the control (shuffled): pairs blind to the reward
         trainer.train()
-    finally:
-        preference.select_pairs = original
     observations, _ = env.reset(options={"index": 0})
     p_row, p_col = (policies[a].probabilities(observations[a]).tolist() for a in ("row", "column"))
     return sum(p_row[i] * p_col[j] * CLIMBING[i][j] for i in range(3) for j in range(3))

@@ -96,9 +96,8 @@ WRITING_GAIN, WRITING_CONTROL_MARGIN = 0.05, 0.04
 
 
 def writing_madpo(seed, shuffled):
-    import random
-
     import llm_marl.learners.preference as preference
+    from toy_tasks import reward_blind_pairs
     from llm_marl.cli import DEFAULT_RUN, build_trainer
 
     options = dict(DEFAULT_RUN)
@@ -110,20 +109,8 @@ def writing_madpo(seed, shuffled):
                        progress_bar=False, seed=seed, rollout_log_steps=0)
     trainer = MADPOTrainer(env=base.env, policies=base.policies, args=args, eval_env=base.eval_env)
     before = mean_eval_reward(trainer)
-    original = preference.select_pairs
-    if shuffled:
-        rng = random.Random(seed)
-
-        def blind(rewards, *rest):
-            permuted = list(rewards)
-            rng.shuffle(permuted)
-            return original(permuted, *rest)
-
-        preference.select_pairs = blind
-    try:
+    with reward_blind_pairs(preference, seed, blind=shuffled):
         trainer.train()
-    finally:
-        preference.select_pairs = original
     return before, mean_eval_reward(trainer)
 
 

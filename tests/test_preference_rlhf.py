@@ -8,7 +8,6 @@ loser's to (0, 0), head weight (1, 0), bias 0): s(w) = 2, s(l) = 0, L = âˆ’log Ï
 
 from __future__ import annotations
 
-import random
 
 import pytest
 import torch
@@ -22,7 +21,7 @@ from llm_marl.learners import preference_math as pm  # noqa: E402
 from llm_marl.learners.reward_model import JointRewardModel, MARLHFConfig, MARLHFTrainer, joint_answer_text  # noqa: E402
 from llm_marl.policies.tabular import TabularPolicy  # noqa: E402
 from llm_marl.tasks.matrix import MatrixGame  # noqa: E402
-from toy_tasks import MENU as COLOURS, ColourMatch  # noqa: E402
+from toy_tasks import MENU as COLOURS, ColourMatch, reward_blind_pairs  # noqa: E402
 
 MENU = ("alpha", "beta", "gamma")
 ROW, COLUMN = (2.0, 0.0, 1.0), (0.0, 1.5, 3.0)
@@ -66,20 +65,8 @@ def additive_marlhf(seed, shuffled=False, output_dir=None, **overrides):
                     num_generations=4, rollout_buffer_size=1, eval_interval=0, progress_bar=False, seed=seed)
     settings.update(overrides)
     trainer = MARLHFTrainer(env=env, policies=policies, args=MARLHFConfig(**settings))
-    original = reward_model.select_pairs
-    if shuffled:  # the control: each item's candidate rewards permuted before the pairs are chosen
-        rng = random.Random(seed)
-
-        def blind(rewards, *rest):
-            permuted = list(rewards)
-            rng.shuffle(permuted)
-            return original(permuted, *rest)
-
-        reward_model.select_pairs = blind
-    try:
+    with reward_blind_pairs(reward_model, seed, blind=shuffled):  # the control (shuffled): pairs blind to the reward
         trainer.train()
-    finally:
-        reward_model.select_pairs = original
     return trainer
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import random
+from contextlib import contextmanager
+from typing import Any, Iterator
+
 import datasets
 
 from llm_marl.tasks.base import CooperativeTask
@@ -58,3 +62,24 @@ class Scheduled(CooperativeTask):
 
     def transition(self, item, actions, history):
         return {agent: f"turn {len(history)}" for agent in self.agents}  # history holds the turn just played
+
+
+@contextmanager
+def reward_blind_pairs(module: Any, seed: int, blind: bool = True) -> Iterator[None]:
+    """The preference learners' reward-blind control: within the block ``module.select_pairs``
+    (the learner module's reference to it) sees each item's candidate rewards permuted by a
+    ``seed``-ed shuffle, so the chosen pairs no longer follow the reward. ``blind`` False: as is."""
+    original = module.select_pairs
+    if blind:
+        rng = random.Random(seed)
+
+        def shuffled(rewards, *rest):
+            permuted = list(rewards)
+            rng.shuffle(permuted)
+            return original(permuted, *rest)
+
+        module.select_pairs = shuffled
+    try:
+        yield
+    finally:
+        module.select_pairs = original
