@@ -281,8 +281,9 @@ def _loading(source: str, label: str) -> Iterator[None]:
 
 
 def _tokenizers(tokenizer: Any, sources: list[Any], label: str, names: list[Any] | None = None) -> list[Any]:
-    """One tokenizer per source: copies of the given one(s), else each string source's own
-    (``names``: the sources as the user gave them, for messages)."""
+    """One tokenizer per source (a folder or hub id, :func:`_folder`'s, or a loaded model):
+    copies of the given one(s), else each string source's own (``names``: the sources as the
+    user gave them, for messages)."""
     if isinstance(tokenizer, (list, tuple)):
         if len(tokenizer) != len(sources):
             raise AssemblyError(f"tokenizer: got {len(tokenizer)} tokenizers for {len(sources)} agents")
@@ -296,15 +297,15 @@ def _tokenizers(tokenizer: Any, sources: list[Any], label: str, names: list[Any]
         if not isinstance(source, str):
             raise AssemblyError(f"agent {i} is a loaded model: pass tokenizer= (one, or a list with one per agent)")
         with _loading(name, label):
-            loaded.append(AutoTokenizer.from_pretrained(_folder(source)))
+            loaded.append(AutoTokenizer.from_pretrained(source))
     return loaded
 
 
 def _load_model(
     source: Any, index: int, model_config: dict[str, Any], shared: bool, label: str = "agent_model", name: str | None = None
 ) -> Any:
-    """Agent ``index``'s model: loaded from a string source (``name``: as the user gave it, for
-    messages), else the given causal LM (a copy when ``shared``)."""
+    """Agent ``index``'s model: loaded from a folder or hub id (:func:`_folder`'s; ``name``: the
+    source as the user gave it, for messages), else the given causal LM (a copy when ``shared``)."""
     if isinstance(source, str):
         from transformers import AutoModelForCausalLM
 
@@ -315,7 +316,7 @@ def _load_model(
         if model_config.get("attn_implementation") is not None:
             kwargs["attn_implementation"] = model_config["attn_implementation"]
         with _loading(name or source, label):
-            return AutoModelForCausalLM.from_pretrained(_folder(source), **kwargs)
+            return AutoModelForCausalLM.from_pretrained(source, **kwargs)
     if not hasattr(source, "generate"):
         raise TypeError(f"agent {index}: expected a model id/path or a causal LM, got {type(source).__name__}")
     return copy.deepcopy(source) if shared else source

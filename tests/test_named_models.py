@@ -225,5 +225,5 @@ def test_a_name_works_for_the_team_the_critic_and_the_drop_in_constructor(tiny_n
     assert sorted(team.policies) == ["a", "b"] and team.policies["a"].tokenizer.eos_token == "<|im_end|>"
     critic = CausalLMCritic.from_pretrained("tiny-llama")
     assert critic.values(["The sea is wide."]).shape[0] == 1
-    base = assembly._load_model("tiny-llama", 0, {}, shared=False)
+    base = assembly._load_model(assembly._folder("tiny-llama"), 0, {}, shared=False)
     assert base.config.num_hidden_layers == 2 and Path(base.name_or_path) == Path(folder)
