@@ -71,18 +71,16 @@ class DistributedContext:
         return batch[self.rank * per_rank : (self.rank + 1) * per_rank]
 
     def sum(self, value: float) -> float:
-        if not self.enabled:
-            return value
-        tensor = torch.tensor([float(value)], dtype=torch.float64)
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return float(tensor.item())
+        return float(self._all_reduce(float(value), torch.float64, "SUM")) if self.enabled else value
 
     def max(self, value: int) -> int:
-        if not self.enabled:
-            return value
-        tensor = torch.tensor([int(value)], dtype=torch.int64)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
-        return int(tensor.item())
+        return int(self._all_reduce(int(value), torch.int64, "MAX")) if self.enabled else value
+
+    @staticmethod
+    def _all_reduce(value: float | int, dtype: torch.dtype, op: str) -> float | int:
+        tensor = torch.tensor([value], dtype=dtype)
+        dist.all_reduce(tensor, op=getattr(dist.ReduceOp, op))
+        return tensor.item()
 
     def union(self, keys: list[str]) -> list[str]:
         """The sorted union of every rank's ``keys``."""
