@@ -17,10 +17,11 @@ Per (dtype, rows):
   unpacked, which made the difference too small, most for bf16 at 16-32 rows.)
   A round measures every (variant, rows) once, so the variants compared run interleaved.
 - **weight-streaming floor**: the time to read every weight once — measured as the fastest
-  ``src.sum()`` over a tensor of the weights' byte count (the read bandwidth one thread reaches
-  here); a decode step cannot be faster while the weights do not fit in cache. (Until
-  2026-12-01 this was the time of ``dst.copy_(src)``, which reads *and writes* the bytes and so
-  came out about 1.85x the read time: the ratios to that floor were flattered by as much.)
+  read of a tensor of the weights' byte count, by ``src.sum()`` or by a vector-matrix product
+  over it (:func:`read_seconds`; the second streams faster here: 16.3 against 12.6 GB/s); a
+  decode step cannot be faster while the weights do not fit in cache. (Earlier on 2026-12-01
+  this was ``src.sum()`` alone, about 30% slower than the fastest read, and before that the time
+  of ``dst.copy_(src)``, which reads *and writes* the bytes: the ratios to both were flattered.)
 - **compute floor**: the step's matmul FLOPs (2 x rows x every linear weight incl. the tied lm
   head, plus attention over the average context) at the FLOP/s a large square matmul of that
   dtype reaches here; and the **achieved FLOP/s** of the step.
@@ -84,15 +85,34 @@ def fastest(fn, repeats: int) -> float:
     return best
 
 
-def read_seconds(num_bytes: int, repeats: int) -> float:
-    """The fastest read of a ``num_bytes`` tensor (a sum over it; allocated and touched first)."""
+READ_WIDTHS = (576, 1536, 4096)
+"""Row widths of the vector-matrix products that read the buffer in :func:`read_seconds`."""
+
+
+def read_seconds(num_bytes: int, repeats: int) -> tuple[float, str]:
+    """The fastest read of a ``num_bytes`` fp32 tensor (allocated and touched first), and how:
+    a sum over it, or a vector-matrix product ``u @ m`` over it viewed as ``[-1, width]`` for each
+    width of :data:`READ_WIDTHS`. On this machine one thread reads 12.6 GB/s by ``sum`` and up to
+    16.3 GB/s by ``u @ m`` (the GEMV streams with better prefetching), so the sum alone made the
+    floor about 30% too slow (before 2026-12-01, fourth part)."""
     import torch
 
     src = torch.ones(num_bytes // 4, dtype=torch.float32)
-    src.sum()
-    seconds = fastest(src.sum, max(3, repeats))
+    reads = {"sum": src.sum}
+    for width in READ_WIDTHS:
+        matrix = src[: src.numel() // width * width].view(-1, width)
+        vector = torch.ones(matrix.shape[0])
+        reads[f"vector @ [-1, {width}]"] = lambda matrix=matrix, vector=vector: vector @ matrix
+    for read in reads.values():
+        read()
+    # A partial view reads slightly fewer bytes: scale its time up to the whole buffer.
+    scale = {name: 1.0 for name in reads}
+    for width in READ_WIDTHS:
+        scale[f"vector @ [-1, {width}]"] = src.numel() / (src.numel() // width * width)
+    timed = {name: fastest(read, max(3, repeats)) * scale[name] for name, read in reads.items()}
     del src
-    return seconds
+    how = min(timed, key=timed.get)
+    return timed[how], how
 
 
 def pack_seconds(model, rows: int) -> float:
@@ -205,10 +225,10 @@ def run(opts) -> list[dict]:
         sample_dtype = "bfloat16" if variant == "bf16-sampling" else None
         floor_dtype = getattr(torch, sample_dtype or dtype_name)
         size = weight_bytes(model) * torch.empty(0, dtype=floor_dtype).element_size() // next(model.parameters()).element_size()
-        stream = read_seconds(size, opts.repeats)
+        stream, read_how = read_seconds(size, opts.repeats)
         peak = matmul_flops_per_second(floor_dtype, opts.repeats)
         print(f"# {variant}: weights read per step {size / 1e6:.0f} MB; a read of that many bytes {stream * 1e3:.1f} ms "
-              f"({size / stream / 1e9:.1f} GB/s); 1024^3 matmul {peak / 1e9:.1f} GFLOP/s; threads {opts.threads}", flush=True)
+              f"({size / stream / 1e9:.1f} GB/s, by {read_how}); 1024^3 matmul {peak / 1e9:.1f} GFLOP/s; threads {opts.threads}", flush=True)
         for rows in opts.rows:
             count = max(1, rows // K)
             prompts = bench_prompts(count) if opts.model else prompts_of(tokenizer, count, opts.prompt_tokens, seed=rows)
@@ -228,7 +248,7 @@ def run(opts) -> list[dict]:
                     full.sample(prompts, rows // len(prompts))  # warm-up; packs the (frozen) weights
                 label = variant if packed else f"{variant} unpacked"
                 setups[label, rows] = {"model": model, "prompts": prompts, "k": rows // len(prompts), "full": full, "one": one,
-                                       "stream": stream, "peak": peak, "t_one": [], "t_full": [], "loads": [],
+                                       "stream": stream, "read_how": read_how, "peak": peak, "t_one": [], "t_full": [], "loads": [],
                                        "pack_s": pack_seconds(sampler, rows) if packed else None}
     labels = [label for variant in opts.dtypes for label in (variant, f"{variant} unpacked")]
     for _ in range(opts.repeats):
@@ -250,6 +270,7 @@ def run(opts) -> list[dict]:
             row = {
                 "dtype": variant, "rows": rows, "prompts": len(prompts), "k": k, "steps": opts.steps,
                 "ms_per_step": per_step * 1e3, "stream_floor_ms": stream * 1e3, "ratio_to_stream_floor": per_step / stream,
+                "stream_floor_read": setup["read_how"],
                 "compute_floor_ms": flops / peak * 1e3, "achieved_gflops": flops / per_step / 1e9, "peak_gflops": peak / 1e9,
                 "weight_mb": weight_bytes(model) / 1e6, "threads": opts.threads, "load1": max(setup["loads"]),
                 "t_full_s": setup["t_full"], "t_one_s": setup["t_one"],

@@ -4,7 +4,10 @@ For a model shape (the 7 projections of each of its layers and the lm head, rand
 streamed from memory as in a real step), per dtype and row count: the time of every linear of
 one step through ``F.linear``, through the packed kernel ``packed_weights`` uses for that dtype
 (MKL's packed sgemm for fp32, packed for exactly that row count; oneDNN's prepacked weight for
-bf16), and the time to pack every weight once. Fastest of ``--repeats``, one torch thread by
+bf16), the same with each layer's q/k/v and gate/up weights packed as one matrix ("fused": three
+and two calls become one each), and the time to pack every weight once; against the **read
+floor**, the fastest read of the same bytes (``decode.read_seconds``), so the last column says
+how far the kernel is from streaming the weights. Fastest of ``--repeats``, one torch thread by
 default. Usage::
 
     python benchmarks/packed_linears.py                       # SmolLM2-135M shape, fp32 and bf16
@@ -19,7 +22,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from decode import fastest  # noqa: E402
+from decode import fastest, read_seconds  # noqa: E402
 
 SHAPES = {
     # hidden, intermediate, kv width (kv heads x head dim), layers, vocabulary
@@ -37,6 +40,17 @@ def step_weights(shape: str, dtype):
     return weights + [torch.randn(vocab, hidden, dtype=dtype)]
 
 
+def fused(weights: list, layers: int) -> list:
+    """``step_weights`` with each layer's q, k, v stacked into one matrix and gate, up into one."""
+    import torch
+
+    out = []
+    for layer in range(layers):
+        q, k, v, o, gate, up, down = weights[7 * layer : 7 * layer + 7]
+        out += [torch.cat([q, k, v]), o, torch.cat([gate, up]), down]
+    return out + weights[7 * layers :]
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.nn.functional as F
@@ -51,23 +65,31 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=4)
     opts = parser.parse_args(argv)
     torch.set_num_threads(opts.threads)
-    print("| shape | dtype | rows | F.linear ms | packed ms | speed-up | packing ms |\n|---|---|---|---|---|---|---|")
+    print("| shape | dtype | rows | F.linear ms | packed ms | speed-up | packed, fused ms | packing ms | read floor ms | packed / floor |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
     for name in opts.dtypes:
         dtype = getattr(torch, name)
         kernel = KERNELS[dtype]
         weights = step_weights(opts.shape, dtype)
+        stacked = fused(weights, SHAPES[opts.shape][3])
+        floor, _ = read_seconds(sum(w.numel() * w.element_size() for w in weights), opts.repeats)
         with torch.inference_mode():
             for rows in opts.rows:
                 inputs = {w.shape[1]: torch.randn(rows, w.shape[1], dtype=dtype) for w in weights}
                 [F.linear(inputs[w.shape[1]], w) for w in weights]  # warm-up
                 plain = fastest(lambda: [F.linear(inputs[w.shape[1]], w) for w in weights], opts.repeats)
-                start = time.perf_counter()
-                packs = [kernel.pack(w, rows) for w in weights]
-                packing = time.perf_counter() - start
-                [kernel.run(inputs[w.shape[1]], p, w, None, rows) for w, p in zip(weights, packs)]  # warm-up
-                packed = fastest(lambda: [kernel.run(inputs[w.shape[1]], p, w, None, rows) for w, p in zip(weights, packs)], opts.repeats)
-                packs.clear()
-                print(f"| {opts.shape} | {name} | {rows} | {plain * 1e3:.1f} | {packed * 1e3:.1f} | {plain / packed:.2f}x | {packing * 1e3:.0f} |", flush=True)
+                times = []
+                for group in (weights, stacked):
+                    start = time.perf_counter()
+                    packs = [kernel.pack(w, rows) for w in group]
+                    times.append(time.perf_counter() - start)
+                    [kernel.run(inputs[w.shape[1]], p, w, None, rows) for w, p in zip(group, packs)]  # warm-up
+                    times.append(fastest(lambda: [kernel.run(inputs[w.shape[1]], p, w, None, rows) for w, p in zip(group, packs)],
+                                         opts.repeats))
+                    packs.clear()
+                packing, packed, _, packed_fused = times
+                print(f"| {opts.shape} | {name} | {rows} | {plain * 1e3:.1f} | {packed * 1e3:.1f} | {plain / packed:.2f}x | "
+                      f"{packed_fused * 1e3:.1f} | {packing * 1e3:.0f} | {floor * 1e3:.1f} | {packed / floor:.2f}x |", flush=True)
     return 0
 
 
