@@ -590,6 +590,13 @@ MUTANTS: list[Mutant] = [
         "same = all(self.policies[a].settings() == first.settings() for a in agents)",
         ("tests/test_chat_template.py::test_team_agents_with_their_own_system_prompts_share_one_decode_loop",),
     ),
+    Mutant(
+        "the lm head gets HF's sliced hidden states as they are (a batched matmul copying its weight per row)",
+        "llm_marl/policies/lm_runner.py",
+        "    return (x.contiguous().view(x.shape), *args[1:])",
+        "    return None",
+        ("tests/test_causal_lm_policy.py::test_lm_head_gets_its_sliced_input_as_a_fresh_tensor",),
+    ),
 ]
 
 

@@ -40,6 +40,13 @@ def team_of(model_dir, agents=AGENTS, **settings):
     return LoRATeam.from_pretrained(model_dir, agents=agents, r=4, alpha=8, **settings)
 
 
+def assert_same_gradient(actual, expected, name):
+    """Equal up to the float rounding of differently shaped batches: within ~1e-6 of the
+    gradient's largest entry (a wrong route or a lost chunk is off by the entry's own size)."""
+    scale = float(expected.abs().max())
+    torch.testing.assert_close(actual, expected, atol=1e-5 + 2e-6 * scale, rtol=1e-4, msg=name)
+
+
 def perturb(team, scale=0.3, seed=0):
     """Give every adapter different non-zero weights (peft starts lora_B at 0: all agents equal)."""
     generator = torch.Generator().manual_seed(seed)
@@ -164,7 +171,7 @@ def test_one_forward_scoring_equals_per_agent_scoring_with_gradients(model_dir):
         torch.testing.assert_close(together[agent][0].detach(), values.detach(), atol=1e-5, rtol=0)
         assert torch.equal(together[agent][1], mask)
         for name, p in team.policies[agent].named_parameters():
-            torch.testing.assert_close(joint[agent][name], p.grad, atol=1e-5, rtol=1e-4, msg=name)
+            assert_same_gradient(joint[agent][name], p.grad, name)
         others = [q.grad for a in AGENTS if a != agent for q in team.policies[a].parameters()]
         assert all(g is None or not g.any() for g in others)  # an agent's loss reaches only its adapter
     sums = team.log_probs(requests)
@@ -400,7 +407,7 @@ def test_gradient_checkpointing_gives_the_same_scores_and_gradients_with_less_sa
         torch.testing.assert_close(ckpt[agent].detach(), plain[agent].detach(), atol=1e-5, rtol=0)
     assert set(ckpt_grads) == set(plain_grads) and len(plain_grads) == 8
     for name in plain_grads:
-        torch.testing.assert_close(ckpt_grads[name], plain_grads[name], atol=1e-5, rtol=1e-4)
+        assert_same_gradient(ckpt_grads[name], plain_grads[name], name)
     assert ckpt_saved < plain_saved / 2
 
 
@@ -426,7 +433,7 @@ def test_gradient_checkpointing_with_chunked_scoring_gives_the_gradients_of_one_
     chunked = gradients(True, **chunking)
     assert set(chunked) == set(reference) and len(reference) == 12  # 3 adapters x 2 layers x A, B
     for name in reference:
-        torch.testing.assert_close(chunked[name], reference[name], atol=1e-5, rtol=1e-4, msg=name)
+        assert_same_gradient(chunked[name], reference[name], name)
 
 
 def test_bfloat16_base_keeps_float32_adapters_and_close_scores(model_dir):
