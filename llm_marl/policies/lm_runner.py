@@ -59,10 +59,13 @@ def dense_head_inputs(model: Any) -> bool:
     ``logits_to_keep`` makes HF slice the hidden states (``h[:, -k:, :]``), and torch's CPU
     matmul runs a 3-D input whose strides are not a fresh tensor's (a slice of several rows, or
     even one row of a longer sequence, whose batch stride is the whole sequence's) as a batched
-    product with the weight expanded and copied per batch row. Measured here (SmolLM2's lm head,
-    49,152 x 576, one thread): in bf16 one prompt's last position took 145 ms instead of 5, eight
-    prompts' 1.13 s instead of 5 ms; in fp32 eight prompts' 40 instead of 18 ms. The values are
-    the same (a copy of the same numbers)."""
+    product with the weight expanded and copied per batch row. Measured (``benchmarks/
+    lm_head_input.py``, SmolLM2's head, 49,152 x 576, one thread): in bf16 one prompt's last
+    position took 148 ms instead of 8, eight prompts' 1.18 s instead of 9 ms; in fp32 eight
+    prompts' 66 instead of 28 ms. It bites where the head runs ``F.linear`` on such a slice:
+    scoring's prompt pass (a team's scoring forward on a bf16 base: 0.66 s instead of 0.40), and
+    sampling's prefill without packed weights (with them, bf16 prefills already ran at full speed).
+    The values are the same (a copy of the same numbers)."""
     try:
         head = model.get_output_embeddings()
     except (AttributeError, NotImplementedError):
