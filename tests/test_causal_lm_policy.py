@@ -492,7 +492,7 @@ def test_prompt_encodings_are_memoised_until_the_tokenizer_changes(model_dir, mo
 def test_lm_head_gets_its_sliced_input_as_a_fresh_tensor(model_dir, setup):
     """``logits_to_keep`` slices the hidden states (``h[:, -1:, :]``); a 3-D input with those
     strides runs on a CPU as a batched matmul with the lm head's weight copied per row (SmolLM2
-    in bf16: 145 ms instead of 5 for one prompt, 1.1 s for eight). The runners hand the head a
+    in bf16: 148 ms instead of 8 for one prompt, 1.18 s for eight). The runners hand the head a
     fresh tensor of the same values, once per head (a deep copy carries the hook)."""
     from llm_marl.policies.lm_runner import _dense_input
     from llm_marl.policies.lora_team import LoRATeam
