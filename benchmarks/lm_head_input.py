@@ -28,6 +28,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode import fastest  # noqa: E402
 from throughput import SMALL, SMOLLM2_135M, padded_tokenizer, smol_model  # noqa: E402
 
 
@@ -46,14 +47,6 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     torch.set_num_threads(1)
 
-    def fastest(fn):
-        times = []
-        for _ in range(opts.repeats):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return min(times)
-
     print("| dtype | rows | no grad, strided ms | no grad, fresh ms | fwd+bwd, strided ms | fwd+bwd, fresh ms |\n|---|---|---|---|---|---|")
     for dtype in (torch.float32, torch.bfloat16):
         weight = torch.randn(SMOLLM2_135M["vocab_size"], SMOLLM2_135M["hidden_size"]).to(dtype)
@@ -68,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
                             out = F.linear(last.contiguous().view(last.shape) if fresh else last, weight)
                             if grad:
                                 out.float().sum().backward()
-                    cells.append(fastest(run) * 1e3)
+                    cells.append(fastest(run, opts.repeats) * 1e3)
             print(f"| {str(dtype).split('.')[-1]} | {rows} | " + " | ".join(f"{c:.1f}" for c in cells) + " |", flush=True)
 
     folder = build_tiny_model(os.path.join(opts.model_dir, "small"), pretrain_steps=60, **SMALL)

@@ -20,9 +20,9 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode import fastest  # noqa: E402
 from throughput import SMOLLM2_135M  # noqa: E402
 
 PROMPT, STEPS = 32, 24
@@ -94,14 +94,6 @@ def main(argv: list[str] | None = None) -> int:
     opts = parser.parse_args(argv)
     torch.set_num_threads(1)
 
-    def fastest(fn):
-        times = []
-        for _ in range(opts.repeats):
-            start = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - start)
-        return min(times)
-
     print("| dtype | rows | HF step ms | minimal step ms | its linears ms | max |logit diff| |\n|---|---|---|---|---|---|")
     for name in opts.dtypes:
         torch.manual_seed(0)
@@ -121,10 +113,10 @@ def main(argv: list[str] | None = None) -> int:
             with torch.inference_mode(), packed_linears(model).active(rows, STEPS):
                 hf, lean = hf_loop(model, prefill(), tokens, mask), minimal_loop(model, prefill(), tokens, mask)
                 diff = (hf.float() - lean.float()).abs().max().item()
-                base = fastest(prefill)
-                t_hf = (fastest(lambda: hf_loop(model, prefill(), tokens, mask)) - base) / STEPS
-                t_min = (fastest(lambda: minimal_loop(model, prefill(), tokens, mask)) - base) / STEPS
-                t_lin = fastest(lambda: [m(inputs[m.in_features]) for m in linears])
+                base = fastest(prefill, opts.repeats)
+                t_hf = (fastest(lambda: hf_loop(model, prefill(), tokens, mask), opts.repeats) - base) / STEPS
+                t_min = (fastest(lambda: minimal_loop(model, prefill(), tokens, mask), opts.repeats) - base) / STEPS
+                t_lin = fastest(lambda: [m(inputs[m.in_features]) for m in linears], opts.repeats)
             print(f"| {name} | {rows} | {t_hf * 1e3:.1f} | {t_min * 1e3:.1f} | {t_lin * 1e3:.1f} | {diff:.1e} |", flush=True)
     return 0
 
