@@ -39,6 +39,7 @@ from llm_marl.learners.preference import MADPOConfig, centralize_if_asked
 from llm_marl.learners.reinforce import MAGRPOTrainer, _num_items
 from llm_marl.learners.tree import RolloutNode, collect_trees, derive_seed, iter_nodes
 from llm_marl.policies.critic import joint_observation
+from llm_marl.policies.weight_changes import optimizer_parameters, weights_changed
 
 __all__ = ["HashedNgramBackbone", "JointRewardModel", "MARLHFConfig", "MARLHFTrainer", "joint_answer_text"]
 
@@ -350,6 +351,7 @@ class MARLHFTrainer(MAGRPOTrainer):
                     raise FloatingPointError(f"reward model: Bradley-Terry loss is {loss.item()} at epoch {epoch}, pairs {start}..{start + len(batch) - 1}")
                 loss.backward()
                 self.reward_optimizer.step()
+                weights_changed(optimizer_parameters(self.reward_optimizer))
                 losses.append(loss.item())
                 accuracies.append(accuracy)
             metrics = {"reward_model/loss": float(np.mean(losses)), "reward_model/accuracy": float(np.mean(accuracies))}

@@ -23,6 +23,7 @@ from llm_marl.learners.advantages import sample_losses
 from llm_marl.learners.buffer import Sample
 from llm_marl.learners.tree import ask_team
 from llm_marl.policies.base import Policy
+from llm_marl.policies.weight_changes import optimizer_parameters, weights_changed
 
 __all__ = ["JointUpdate", "default_optimizer"]
 
@@ -139,6 +140,7 @@ class JointUpdate:
             raise
         for agent, result in zip(agents, results):
             self.optimizers[agent].step()
+            weights_changed(optimizer_parameters(self.optimizers[agent]))  # whatever the optimizer
             self.optimizers[agent].zero_grad(set_to_none=True)
             self._note(f"train/{agent}/loss", result.loss)
             self._note(f"train/{agent}/grad_norm", result.grad_norm)
@@ -146,6 +148,7 @@ class JointUpdate:
                 self._note(f"train/{agent}/logprob_mean", result.log_prob_mean)
         for name, optimizer, result in others:
             optimizer.step()
+            weights_changed(optimizer_parameters(optimizer))
             optimizer.zero_grad(set_to_none=True)
             self._note(f"train/{name}/loss", result.loss)
             self._note(f"train/{name}/grad_norm", result.grad_norm)

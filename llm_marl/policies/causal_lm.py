@@ -97,6 +97,7 @@ from llm_marl.policies import sampling, scoring
 from llm_marl.policies.base import Completion
 from llm_marl.policies.lm_runner import LowPrecisionShadow, ModelRunner, model_name
 from llm_marl.policies.packed_weights import packed_linears
+from llm_marl.policies.weight_changes import weights_changed
 from llm_marl.policies.sampling import repeat_with_room as _repeat_with_room  # noqa: F401 (old name)
 
 __all__ = ["CausalLMPolicy", "TanhGELU", "fuse_activations"]
@@ -454,7 +455,9 @@ class CausalLMPolicy:
         return self.model.state_dict()
 
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor], strict: bool = True) -> Any:
-        return self.model.load_state_dict(state_dict, strict=strict)
+        result = self.model.load_state_dict(state_dict, strict=strict)
+        weights_changed(self.model.parameters())  # sampling copies read the loaded weights
+        return result
 
     @property
     def device(self) -> torch.device:

@@ -18,6 +18,8 @@ from typing import Any, Sequence
 
 import torch
 
+from llm_marl.policies.weight_changes import epoch, last_change, weights_changed
+
 __all__ = ["LowPrecisionShadow", "ModelRunner", "context_length", "dense_head_inputs", "model_name"]
 
 
@@ -144,10 +146,11 @@ class LowPrecisionShadow:
 
     Built once by ``copy.deepcopy`` with every parameter replaced by a ``dtype`` copy (tied
     weights stay tied; buffers keep their dtype), in eval mode, without gradients. :meth:`current`
-    refreshes it before use: a parameter is copied again only when its source changed since the
-    last refresh (its ``_version`` counter, bumped by every in-place update such as an optimizer
-    step or ``load_state_dict``, or its storage, changed by ``.data =``); a change in the set of
-    parameters or their device rebuilds it. Parameters already in ``dtype`` are shared, not
+    refreshes it before use: a parameter is copied again when a change notice covers it since
+    the last refresh (:mod:`~llm_marl.policies.weight_changes`: every optimizer step, load and
+    broadcast gives one; a fused AdamW step bumps no ``_version``), or when its ``_version``
+    counter or its storage (``.data =``) moved; a change in the set of parameters or their
+    device rebuilds it. Parameters already in ``dtype`` are shared, not
     copied. Memory: the parameters' element count at ``dtype``'s size (half the fp32 weights for
     bfloat16). ``make_runner`` builds the :class:`ModelRunner` of the copy (again on rebuild).
     A ``forward`` replaced on a source module's instance (e.g. a timing wrapper) is not carried
@@ -192,6 +195,7 @@ class LowPrecisionShadow:
         self._pairs = pairs
         self._ids = [id(p) for p, _ in pairs]
         self._stamps = [self._stamp(p) for p, _ in pairs]
+        self._epoch = epoch()
         self.runner = self.make_runner(self.model)
         self.rebuilds += 1
 
@@ -208,16 +212,20 @@ class LowPrecisionShadow:
             self._build()
             self.refreshed = len(self._pairs)
             return self.runner
-        refreshed = 0
+        seen, self._epoch = self._epoch, epoch()
+        refreshed, copied = 0, []
         with torch.no_grad():
             for index, (parameter, twin) in enumerate(self._pairs):
                 stamp = self._stamp(parameter)
-                if stamp != self._stamps[index]:
+                if stamp != self._stamps[index] or last_change(parameter) > seen:
                     if twin.data_ptr() != parameter.data_ptr():
                         twin.copy_(parameter.detach())
+                        copied.append(twin)
                     self._stamps[index] = stamp
                     refreshed += 1
         self.refreshed = refreshed
+        if copied:
+            weights_changed(copied)  # packs made of the copy's weights are stale now
         return self.runner
 
     def nbytes(self) -> int:

@@ -54,6 +54,7 @@ from llm_marl.policies import scoring
 from llm_marl.policies.base import Completion
 from llm_marl.policies.causal_lm import _SETTING_NAMES, SETTINGS_FILE, CausalLMPolicy
 from llm_marl.policies.lm_runner import LowPrecisionShadow, ModelRunner, model_name
+from llm_marl.policies.weight_changes import weights_changed
 
 __all__ = ["AdapterPolicy", "LoRATeam", "TeamRunner", "BASE_ROUTE"]
 
@@ -227,6 +228,7 @@ class AdapterPolicy(CausalLMPolicy):
             for name, value in state_dict.items():
                 if name in own:
                     own[name].copy_(value)
+        weights_changed(own.values())
         return types.SimpleNamespace(missing_keys=missing, unexpected_keys=unexpected)
 
     def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:

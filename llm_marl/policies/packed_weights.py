@@ -18,8 +18,9 @@ Invariants:
 - Only the inputs a packed weight was made for take it: in fp32 those of exactly the call's row
   count (one decode step), in bf16 those of 1-256 rows. Other inputs (a long prompt's prefill)
   and every call with autograd recording run ``F.linear``.
-- A pack is never stale: a weight whose ``_version`` or storage changed since it was packed (an
-  optimizer step, ``load_state_dict``, a refreshed bf16 copy) is packed again before use.
+- A pack is never stale: a weight with a change notice since it was packed
+  (:mod:`~llm_marl.policies.weight_changes`: an optimizer step, a load, a broadcast, a refreshed
+  bf16 copy) or whose ``_version`` or storage changed is packed again before use.
 - Memory: a pack takes about its weight's size. Packs of weights that did not change since the
   previous call and do not require grad (a LoRA team's frozen base) are kept for the next call;
   all others are dropped when the call ends, so a full model's training peak is unchanged.
@@ -39,6 +40,8 @@ from typing import Any, Iterator, NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+from llm_marl.policies.weight_changes import last_change
 
 __all__ = ["MIN_SIDE", "MIN_STEPS", "PackedLinears", "packed_linears"]
 
@@ -128,8 +131,8 @@ class PackedLinears:
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
-        self._packs: dict[int, tuple[tuple[int, int, int], torch.Tensor]] = {}
-        self._stamps: dict[int, tuple[int, int, int]] = {}
+        self._packs: dict[int, tuple[tuple[int, int, int, int], torch.Tensor]] = {}
+        self._stamps: dict[int, tuple[int, int, int, int]] = {}
         self._changed: set[int] = set()
         self.packed_last = 0
         """Layers the last :meth:`active` call packed (again); 0 when it did not apply."""
@@ -177,11 +180,11 @@ class PackedLinears:
 
     def _pack(self, layer: torch.nn.Linear, rows: int) -> torch.Tensor:
         weight = layer.weight
-        stamp = (weight._version, weight.data_ptr(), rows if KERNELS[weight.dtype].per_call_rows else 0)
+        stamp = (last_change(weight), weight._version, weight.data_ptr(), rows if KERNELS[weight.dtype].per_call_rows else 0)
         held = self._packs.get(id(layer))
         if held is not None and held[0] == stamp:
             return held[1]
-        if self._stamps.get(id(layer), stamp)[:2] != stamp[:2]:
+        if self._stamps.get(id(layer), stamp)[:3] != stamp[:3]:
             self._changed.add(id(layer))  # it changes between calls: not worth holding
         packed = KERNELS[weight.dtype].pack(weight, rows)
         self._packs[id(layer)] = (stamp, packed)

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from llm_marl.policies.weight_changes import weights_changed
 from llm_marl.runs import run_folder
 from llm_marl.runs.run_folder import RESUMABLE_FIELDS
 
@@ -231,6 +232,7 @@ def load(trainer: Any, path: str) -> None:
         if not os.path.exists(file):
             raise CheckpointError(f"{path}: {name}.pt is missing (saved by a trainer without {name})")
         extra.load_state_dict(torch.load(file, weights_only=False))
+    weights_changed()  # every sampling copy (bf16 shadow, packs) reads the loaded weights
     _restore_rng(trainer, torch.load(os.path.join(path, "rng.pt"), weights_only=False))
     extra = torch.load(os.path.join(path, "buffers.pt"), weights_only=False)
     from llm_marl.learners.buffer import RolloutBuffer

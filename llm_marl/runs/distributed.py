@@ -35,6 +35,8 @@ from typing import Iterable
 import torch
 import torch.distributed as dist
 
+from llm_marl.policies.weight_changes import weights_changed
+
 
 @dataclass(frozen=True)
 class DistributedContext:
@@ -103,12 +105,15 @@ class DistributedContext:
                 p.grad.copy_(grad)
 
     def broadcast_parameters(self, parameters: Iterable[torch.nn.Parameter]) -> None:
-        """Make every rank start from rank 0's weights."""
+        """Make every rank start from rank 0's weights (a change notice for every sampling copy:
+        a write through ``p.data`` bumps no ``p._version``)."""
         if not self.enabled:
             return
+        parameters = list(parameters)
         with torch.no_grad():
             for p in parameters:
                 dist.broadcast(p.data, src=0)
+        weights_changed(parameters)
 
     def barrier(self) -> None:
         if self.enabled:
