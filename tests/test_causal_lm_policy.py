@@ -400,13 +400,15 @@ def test_missing_pad_token_is_warned_and_set(model_dir):
     assert tokenizer.pad_token_id == tokenizer.eos_token_id == policy.pad_token_id
 
 
-def test_dropout_is_warned(model_dir):
+def test_dropout_is_switched_off_or_warned(model_dir):
     model = AutoModelForCausalLM.from_pretrained(model_dir, resid_pdrop=0.1)
     with pytest.warns(UserWarning, match="dropout"):
-        CausalLMPolicy(model, AutoTokenizer.from_pretrained(model_dir))
+        CausalLMPolicy(model, AutoTokenizer.from_pretrained(model_dir), disable_dropout=False)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        CausalLMPolicy(model, AutoTokenizer.from_pretrained(model_dir))  # switched off: no warning
         make(model_dir)  # the tiny model has no dropout: no warning
+    assert all(m.p == 0 for m in model.modules() if isinstance(m, torch.nn.Dropout))
 
 
 def test_save_and_load_round_trip(model_dir, tmp_path):

@@ -58,11 +58,14 @@ equal eos, an answer's end is never found by the pad id: ``token_ids`` stop at t
 scoring masks by length.
 
 Dropout. Sampling runs in eval mode under ``torch.inference_mode()`` (the model's mode is restored
-afterwards); scoring runs in whatever mode the model is in (``policy.train()`` / ``.eval()``).
-With dropout active, train-mode scores are noisy versions of the sampler's: disable dropout for RL
-(``llm_marl.policies.tiny`` models have none; for others pass e.g. ``resid_pdrop=0.0,
-embd_pdrop=0.0, attn_pdrop=0.0`` to ``from_pretrained``) or accept the mismatch. A warning is
-given when the model has dropout.
+afterwards); scoring runs in whatever mode the model is in (``policy.train()`` / ``.eval()``;
+gradient checkpointing needs train mode). With dropout active, train-mode scores would be noisy
+versions of the sampler's, and a memory setting would change the objective. So, as TRL's
+``disable_dropout`` does, the policy switches the model's dropout off (``disable_dropout=True``,
+the default: :func:`disable_dropout` sets every ``torch.nn.Dropout``'s ``p``, LoRA dropout
+included, and the attention modules' dropout rates to 0): scores are then the same in train and
+eval mode, with and without checkpointing, and equal the sampler's. ``disable_dropout=False``
+keeps the model's dropout (warned).
 
 Context length. Prompts longer than the model's context minus one token are cut from the left
 (the end of a prompt matters most), and ``max_new_tokens`` is lowered for a generate call whose
@@ -100,7 +103,7 @@ from llm_marl.policies.packed_weights import packed_linears
 from llm_marl.policies.weight_changes import weights_changed
 from llm_marl.policies.sampling import repeat_with_room as _repeat_with_room  # noqa: F401 (old name)
 
-__all__ = ["CausalLMPolicy", "TanhGELU", "fuse_activations"]
+__all__ = ["CausalLMPolicy", "TanhGELU", "disable_dropout", "fuse_activations"]
 
 SETTINGS_FILE = "llm_marl_policy.json"
 PROMPT_MEMO_SIZE = 65536
@@ -121,6 +124,7 @@ _SETTING_NAMES = (
     "system_prompt",
     "sample_dtype",
     "packed_weights",
+    "disable_dropout",
 )
 SAMPLE_DTYPES = ("float32", "bfloat16", "float16")
 
@@ -150,6 +154,32 @@ def fuse_activations(model: torch.nn.Module) -> int:
     return replaced
 
 
+ATTENTION_DROPOUT_ATTRIBUTES = ("attention_dropout", "attn_dropout_p", "dropout_p")
+"""Float attributes of attention modules that transformers passes to the attention kernel as its
+dropout rate in train mode (e.g. Llama's ``attention_dropout``)."""
+
+
+def disable_dropout(model: torch.nn.Module) -> int:
+    """Switch ``model``'s dropout off, as TRL's ``disable_dropout_in_model``: every
+    ``torch.nn.Dropout`` (peft's LoRA dropout included) gets ``p = 0``, and attention modules'
+    float dropout rates (:data:`ATTENTION_DROPOUT_ATTRIBUTES`) become 0. Returns how many were
+    changed. Forward passes then agree in train and eval mode (the config is left as it was)."""
+    changed = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.dropout._DropoutNd) and module.p > 0:
+            module.p = 0.0
+            changed += 1
+        for name in ATTENTION_DROPOUT_ATTRIBUTES:
+            value = module.__dict__.get(name)
+            if isinstance(value, float) and value > 0:
+                setattr(module, name, 0.0)
+                changed += 1
+    return changed
+
+
+_switch_off_dropout = disable_dropout  # the constructor's keyword of the same name hides it
+
+
 def _dropout_rates(model: torch.nn.Module) -> dict[str, float]:
     rates: dict[str, float] = {}
     config = getattr(model, "config", None)
@@ -158,6 +188,10 @@ def _dropout_rates(model: torch.nn.Module) -> dict[str, float]:
             if ("dropout" in key or "pdrop" in key) and isinstance(value, (int, float)):
                 if not isinstance(value, bool) and value > 0:
                     rates[key] = float(value)
+    if not any(isinstance(m, torch.nn.modules.dropout._DropoutNd) and m.p > 0 for m in model.modules()) and not any(
+        isinstance(m.__dict__.get(a), float) and m.__dict__[a] > 0 for m in model.modules() for a in ATTENTION_DROPOUT_ATTRIBUTES
+    ):
+        return {}  # the config's rates are not in force (dropout switched off)
     for name, module in model.named_modules():
         if isinstance(module, torch.nn.Dropout) and module.p > 0:
             rates.setdefault(name or "dropout", float(module.p))
@@ -242,6 +276,9 @@ class CausalLMPolicy:
             same arithmetic, fp32 in another summation order, bf16 bit for bit; at 4-64 rows the
             linears run 1.1-1.7x faster in fp32, 1.2-1.5x in bf16; only for calls of 12+ new
             tokens, and of 2+ rows in fp32). False: plain ``F.linear``.
+        disable_dropout: switch the model's dropout off (:func:`disable_dropout`, as TRL does),
+            so that scoring in train mode (gradient checkpointing) gives the sampler's
+            log-probs; False keeps it (warned: train-mode scores are then noisy).
         generation_kwargs: extra keyword arguments for ``model.generate``; non-empty implies
             ``use_hf_generate`` (beware: anything that changes the sampling distribution makes
             scores differ from the sampler).
@@ -269,6 +306,7 @@ class CausalLMPolicy:
         system_prompt: str | None = None,
         sample_dtype: str | None = None,
         packed_weights: bool = True,
+        disable_dropout: bool = True,
         generation_kwargs: Mapping[str, Any] | None = None,
         device: str | torch.device | None = None,
     ) -> None:
@@ -297,6 +335,8 @@ class CausalLMPolicy:
             raise ValueError(f"chat_template must be None, True or False, got {chat_template!r}")
         if system_prompt is not None and not isinstance(system_prompt, str):
             raise ValueError(f"system_prompt must be a string or None, got {type(system_prompt).__name__}")
+        if not isinstance(disable_dropout, bool):
+            raise ValueError(f"disable_dropout must be True or False, got {disable_dropout!r}")
         if not isinstance(packed_weights, bool):
             raise ValueError(f"packed_weights must be True or False, got {packed_weights!r}")
         if sample_dtype is not None and sample_dtype not in SAMPLE_DTYPES:
@@ -330,6 +370,7 @@ class CausalLMPolicy:
         self.system_prompt = system_prompt
         self.sample_dtype = sample_dtype
         self.packed_weights = packed_weights
+        self.disable_dropout = disable_dropout
         self._shadow: LowPrecisionShadow | None = None
         self.uses_chat_template = has_template if chat_template is None else chat_template
         if system_prompt is not None and not self.uses_chat_template:
@@ -369,13 +410,15 @@ class CausalLMPolicy:
             fuse_activations(model)
         self.fused_activations = bool(fused_activations)
 
+        if disable_dropout:
+            _switch_off_dropout(model)
         dropout = _dropout_rates(model)
         if dropout:
             shown = ", ".join(f"{k}={v}" for k, v in list(dropout.items())[:4])
             warnings.warn(
                 f"{self.name} has dropout ({shown}): in train mode its log-probs are computed with "
-                "dropout and differ from the sampling distribution; disable dropout for RL "
-                "(set those config values to 0) or accept the mismatch",
+                "dropout and differ from the sampling distribution (disable_dropout=False); switch it "
+                "off for RL (disable_dropout=True, the default) or accept the mismatch",
                 stacklevel=2,
             )
         if device is not None:

@@ -32,7 +32,11 @@ Real model sizes: ``dtype="bfloat16"`` loads the base in bfloat16 (half the weig
 adapters stay float32, as peft keeps them, and log-probs are computed in float32);
 ``gradient_checkpointing=True`` keeps only each layer's input for the backward pass and
 recomputes the rest (activation memory of one layer instead of all; the model is put in train
-mode, since transformers checkpoints only there, and scoring then runs without a KV cache).
+mode, since transformers checkpoints only there, and scoring then runs without a KV cache). It
+changes memory, never the math: the agents' policies switch the model's dropout off
+(``disable_dropout=True``, the default, LoRA dropout included; see
+:func:`~llm_marl.policies.causal_lm.disable_dropout`), so a model with dropout scores the same
+log-probs and gradients with and without checkpointing, and the sampler's.
 ``sample_dtype="bfloat16"`` decodes with a bfloat16 copy of the team's model (base and adapters,
 :meth:`LoRATeam.sampling_runner`; the adapters are copied again after every update, the frozen
 base never) while scoring stays on the model itself: exact log-probs, faster sampling on CPUs
