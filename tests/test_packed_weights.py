@@ -1,12 +1,20 @@
 """Packed fp32 weights for CPU decoding (``llm_marl.policies.packed_weights``): the decode steps'
 linear layers run on weights MKL packed once per sampling call, with the same fp32 results up to
-summation order, never on a stale pack, and without holding trainable weights' packs."""
+summation order, never on a stale pack, and without holding trainable weights' packs.
+
+bf16 packs run only where the CPU runs oneDNN's bf16 kernels (``llm_marl.cpu.bf16_support``); the
+tests here pass on either kind of CPU, and the fallback is tested on any CPU by faking the
+answer. To see what an AVX2-only CPU sees for real, run this file with ``ONEDNN_MAX_CPU_ISA=AVX2``.
+"""
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
 
+from llm_marl import cpu
 from llm_marl.policies import CausalLMPolicy, LoRATeam
 from llm_marl.policies import packed_weights as pw
 from llm_marl.policies.tiny import load_tiny
@@ -33,6 +41,25 @@ def spy(monkeypatch):
 
     monkeypatch.setattr(pw, "packed_linear", counting)
     return calls
+
+
+@pytest.fixture
+def fake_bf16(monkeypatch):
+    """``fake_bf16(runs)``: from now on oneDNN's bf16 kernels run here (True) or not (False), and
+    the once-per-process line may be said again."""
+
+    def fake(runs: bool) -> None:
+        answer = cpu.Bf16Support(runs, "" if runs else "this CPU (Faked EPYC) lacks avx512bw, avx512vl, avx512dq and avx_ne_convert")
+        monkeypatch.setattr(cpu, "bf16_support", lambda: answer)
+        monkeypatch.setattr(cpu, "_WARNED", set())
+
+    return fake
+
+
+def bf16_packs_run() -> bool:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", cpu.CPUWarning)
+        return pw.runs_here(torch.bfloat16)
 
 
 def mlp(frozen: bool, dtype=torch.float32) -> torch.nn.Sequential:
@@ -66,7 +93,60 @@ def test_bf16_packed_results_are_bit_for_bit_those_of_f_linear(spy):
         want = net(x)
         with pw.PackedLinears(net).active(rows=8, new_tokens=24):
             got = net(x)
-    assert len(spy) == 2 and torch.equal(got, want)
+    assert len(spy) == (2 if bf16_packs_run() else 0) and torch.equal(got, want)
+
+
+def test_without_bf16_kernels_bf16_layers_run_unpacked_and_one_line_says_why(spy, fake_bf16):
+    fake_bf16(False)
+    net = mlp(frozen=True, dtype=torch.bfloat16)
+    packer = pw.PackedLinears(net)
+    x = torch.randn(8, 1, 96, dtype=torch.bfloat16)
+    with warnings.catch_warnings(record=True) as caught, torch.inference_mode():
+        warnings.simplefilter("always")
+        want = net(x)
+        for _ in range(2):
+            with packer.active(rows=8, new_tokens=24):
+                got = net(x)
+            assert torch.equal(got, want)
+    assert spy == [] and packer.packed_last == 0 and "forward" not in net[0].__dict__
+    lines = [str(w.message) for w in caught if issubclass(w.category, cpu.CPUWarning)]
+    assert len(lines) == 1 and "\n" not in lines[0], lines  # once, one line
+    assert "lacks avx512bw, avx512vl, avx512dq and avx_ne_convert" in lines[0] and "bf16 layers run unpacked" in lines[0]
+    fp32 = mlp(frozen=True)
+    assert len(pw.PackedLinears(fp32).layers()) == 2  # fp32 packs are not affected
+
+
+def test_with_bf16_kernels_bf16_layers_are_packable_and_nothing_is_said(fake_bf16):
+    fake_bf16(True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        layers = pw.PackedLinears(mlp(frozen=True, dtype=torch.bfloat16)).layers()
+    assert [tuple(m.weight.shape) for m in layers] == [(160, 96), (96, 160)]
+
+
+def test_a_failed_pack_leaves_the_model_as_it_was_and_its_own_error_shows(monkeypatch):
+    """What an AVX2-only CPU did before the capability check: oneDNN refused the second layer's
+    pack, and the cleanup then raised KeyError: 'forward', hiding that error."""
+    net = mlp(frozen=True)
+    own = net[0].forward
+    net[0].forward = own  # an instance attribute, which must survive
+    real = pw.KERNELS[torch.float32]
+    packs = []
+
+    def refusing(weight, rows):
+        packs.append(tuple(weight.shape))
+        if len(packs) == 2:
+            raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw")
+        return real.pack(weight, rows)
+
+    monkeypatch.setitem(pw.KERNELS, torch.float32, real._replace(pack=refusing))
+    x = torch.randn(4, 96)
+    with torch.inference_mode():
+        want = net(x)
+        with pytest.raises(RuntimeError, match="bf16 path needs the cpu support"), pw.PackedLinears(net).active(rows=4, new_tokens=24):
+            pass
+        assert net[0].__dict__["forward"] is own and "forward" not in net[1].__dict__
+        assert torch.equal(net(x), want)
 
 
 def test_a_changed_weight_is_packed_again_never_used_stale():
@@ -166,7 +246,8 @@ def test_a_policy_samples_the_same_tokens_with_and_without_packing_also_after_an
         with_packing = sampled(packed)
         sampler = packed._sampling_runner().model  # the model itself, or its bf16 copy
         layers = len(pw.packed_linears(sampler).layers())
-        assert layers == 2 * 7 + 1  # q k v o gate up down per layer, and the lm head
+        runs = sample_dtype is None or bf16_packs_run()
+        assert layers == (2 * 7 + 1 if runs else 0)  # q k v o gate up down per layer, and the lm head
         decode_steps = max(len(ids) for ids in with_packing) - 1
         assert sum(shape[:2] == (8, 1) for shape in spy) == decode_steps * layers  # every step's linears
         assert with_packing == without
@@ -199,3 +280,20 @@ def test_a_team_keeps_its_frozen_base_packed_and_never_packs_adapters(spy):
     assert spy == []
     tokens = lambda out: {a: [c.token_ids for g in v for c in g] for a, v in out.items()}  # noqa: E731
     assert tokens(packed) == tokens(plain)
+
+
+@pytest.mark.parametrize("runs", [True, False])
+def test_a_bf16_policy_says_once_when_its_cpu_has_no_bf16_kernels_and_then_samples_unpacked(runs, fake_bf16, spy):
+    fake_bf16(runs)
+    model, tokenizer = tiny_llama()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        packed = CausalLMPolicy(model, tokenizer, sample_dtype="bfloat16", **SETTINGS)
+        plain = CausalLMPolicy(model, tokenizer, sample_dtype="bfloat16", packed_weights=False, **SETTINGS)
+        if not runs:  # (where the fake says yes on a CPU that says no, sampling would meet oneDNN's refusal)
+            assert sampled(packed) == sampled(plain) and spy == []
+    lines = [str(w.message) for w in caught if issubclass(w.category, cpu.CPUWarning)]
+    if runs:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and lines[0].startswith(f"{packed.name} runs in bfloat16 on a CPU without oneDNN's bf16 kernels")

@@ -96,6 +96,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
+from llm_marl import cpu
 from llm_marl.policies import sampling, scoring
 from llm_marl.policies.base import Completion
 from llm_marl.policies.lm_runner import LowPrecisionShadow, ModelRunner, model_name
@@ -178,6 +179,13 @@ def disable_dropout(model: torch.nn.Module) -> int:
 
 
 _switch_off_dropout = disable_dropout  # the constructor's keyword of the same name hides it
+
+
+def _bf16_on_cpu(model: torch.nn.Module, sample_dtype: str | None) -> bool:
+    """Whether the model (or its sampling copy) runs bf16 matmuls on the CPU."""
+    params = [p for p in model.parameters() if p.is_floating_point()]
+    on_cpu = any(p.device.type == "cpu" for p in params)
+    return on_cpu and (sample_dtype == "bfloat16" or any(p.dtype == torch.bfloat16 for p in params))
 
 
 def _dropout_rates(model: torch.nn.Module) -> dict[str, float]:
@@ -423,6 +431,8 @@ class CausalLMPolicy:
             )
         if device is not None:
             self.to(device)
+        if _bf16_on_cpu(model, sample_dtype):
+            cpu.warn_bf16_fallback(f"{self.name} runs")
 
     # ------------------------------------------------------------------ construction / state
 

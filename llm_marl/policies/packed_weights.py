@@ -26,9 +26,12 @@ Invariants:
   all others are dropped when the call ends, so a full model's training peak is unchanged.
 - It applies where it can: ``torch.nn.Linear`` layers on the CPU in fp32 or bf16, at least
   :data:`MIN_SIDE` wide on both sides (not a LoRA adapter's rank-r matrices), a torch built with
-  MKL (fp32) or oneDNN (bf16), calls of 2+ rows (fp32) and of :data:`MIN_STEPS` new tokens or
-  more (packing costs a few steps' saving). GPT-2's ``Conv1D`` layers are not ``nn.Linear`` and
-  are left as they are.
+  MKL (fp32) or oneDNN (bf16) on a CPU whose oneDNN bf16 kernels run (bf16;
+  :func:`llm_marl.cpu.bf16_support`: elsewhere bf16 layers run unpacked, with one line saying
+  why), calls of 2+ rows (fp32) and of :data:`MIN_STEPS` new tokens or more (packing costs a few
+  steps' saving). GPT-2's ``Conv1D`` layers are not ``nn.Linear`` and are left as they are.
+- A call whose packing fails leaves the model as it was (no layer keeps a packed ``forward``)
+  and raises the packing's own error.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from typing import Any, Iterator, NamedTuple
 import torch
 import torch.nn.functional as F
 
+from llm_marl import cpu
 from llm_marl.policies.weight_changes import last_change
 
 __all__ = ["MIN_SIDE", "MIN_STEPS", "PackedLinears", "packed_linears"]
@@ -63,6 +67,7 @@ class Kernel(NamedTuple):
     """How one dtype's weights are packed and run."""
 
     available: bool
+    """Whether this torch has the kernel (the CPU may still refuse it: :func:`runs_here`)."""
     pack: Any
     """``pack(weight, rows) -> packed``."""
     run: Any
@@ -99,6 +104,19 @@ KERNELS = {
                            _onednn_run, lambda rows, call_rows: 1 <= rows <= 256, 1, False),
 }
 """Per weight dtype, the packed kernel (see the module docstring)."""
+
+
+def runs_here(dtype: torch.dtype) -> bool:
+    """Whether ``dtype``'s packed kernel runs in this process: this torch has it and, for bf16,
+    the CPU runs oneDNN's bf16 kernels (:func:`llm_marl.cpu.bf16_support`, asked at every call
+    so that tests can fake its answer; where it says no, the first bf16 layer met says so once)."""
+    kernel = KERNELS.get(dtype)
+    if kernel is None or not kernel.available:
+        return False
+    if dtype == torch.bfloat16 and not cpu.bf16_support().runs:
+        cpu.warn_bf16_fallback("a model runs")
+        return False
+    return True
 
 
 def return_freed_memory() -> None:
@@ -144,9 +162,8 @@ class PackedLinears:
             for m in self.model.modules()
             if isinstance(m, torch.nn.Linear)
             and min(m.in_features, m.out_features) >= MIN_SIDE
-            and m.weight.dtype in KERNELS
-            and KERNELS[m.weight.dtype].available
             and m.weight.device.type == "cpu"
+            and runs_here(m.weight.dtype)
         ]
 
     @contextmanager
@@ -162,16 +179,17 @@ class PackedLinears:
             for layer in self.layers():
                 if rows < KERNELS[layer.weight.dtype].min_call_rows:
                     continue
-                swapped.append((layer, layer.__dict__.get("forward")))
-                layer.forward = _packed_forward(layer, self._pack(layer, rows), rows)
+                forward = _packed_forward(layer, self._pack(layer, rows), rows)  # may raise: nothing swapped yet
+                swapped.append((layer, "forward" in layer.__dict__, layer.__dict__.get("forward")))
+                layer.forward = forward
             yield
         finally:
             dropped = 0
-            for layer, own in swapped:
-                if own is None:
-                    del layer.__dict__["forward"]
-                else:
+            for layer, had_own, own in swapped:
+                if had_own:
                     layer.forward = own
+                else:
+                    layer.__dict__.pop("forward", None)
                 if layer.weight.requires_grad or id(layer) in self._changed:
                     dropped += self._packs.pop(id(layer), None) is not None
             self._changed.clear()
