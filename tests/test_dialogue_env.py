@@ -87,14 +87,14 @@ def test_custom_task_runs_through_the_env():
     env = DialogueEnv(Guess(), render_mode="ansi")
     obs, infos = env.reset(seed=0)
     assert obs == {"hinter": "Give a hint for apple", "guesser": "Wait for the hint."}
-    assert infos == {"hinter": {"turn": 0, "index": 0}, "guesser": {"turn": 0, "index": 0}}
+    assert infos == {"hinter": {"turn": 0, "index": 0, "acting_agents": ["hinter", "guesser"]}, "guesser": {"turn": 0, "index": 0, "acting_agents": ["hinter", "guesser"]}}
     obs, rew, term, trunc, infos = env.step({"hinter": "red fruit", "guesser": "pear"})
     assert obs == {"hinter": "They guessed pear", "guesser": "Hint: red fruit"}
     assert rew == {"hinter": 0.0, "guesser": 0.0} and not any(term.values())
     obs, rew, term, trunc, infos = env.step({"hinter": "still red", "guesser": "apple"})
     assert rew == {"hinter": 1.0, "guesser": 1.0} and all(term.values()) and not any(trunc.values())
     assert env.agents == [] and obs == {"hinter": "", "guesser": ""}
-    assert infos["guesser"] == {"turn": 1, "index": 0, "reward_details": {"guess": "apple"}}
+    assert infos["guesser"] == {"turn": 1, "index": 0, "reward_details": {"guess": "apple"}, "acting_agents": []}
 
 
 # --- forks ----------------------------------------------------------------------------------------
@@ -340,7 +340,8 @@ def test_repeated_ids_play_three_turns_and_num_turns_is_configurable(name):
 def test_terminates_after_num_turns_and_removes_agents_in_the_same_step():
     env = relay_env()
     obs, infos = env.reset(options={"index": 1})
-    assert infos == {"asker": {"turn": 0, "index": 1}, "solver": {"turn": 0, "index": 1}}
+    both = ["asker", "solver"]
+    assert infos == {"asker": {"turn": 0, "index": 1, "acting_agents": both}, "solver": {"turn": 0, "index": 1, "acting_agents": both}}
     for t in range(3):
         assert env.turn == t and env.agents == ["asker", "solver"]
         obs, rewards, terms, truncs, infos = env.step(joint(f"q{t}", f"a{t}"))
@@ -351,7 +352,8 @@ def test_terminates_after_num_turns_and_removes_agents_in_the_same_step():
         expected_reward = 2 + 10 * 2 + 100 * t + 1000
         assert rewards == {"asker": expected_reward, "solver": expected_reward}
         for agent in env.possible_agents:
-            assert infos[agent] == {"turn": t, "index": 1, "reward_details": {"turn_seen": t, "solver": f"a{t}"}}
+            details = {"turn_seen": t, "solver": f"a{t}"}
+            assert infos[agent] == {"turn": t, "index": 1, "reward_details": details, "acting_agents": [] if done else both}
     assert obs == {"asker": "", "solver": ""}
     assert env.task.calls["transition"] == 2  # never called after the final turn
     assert [turn.actions["asker"] for turn in env.history] == ["q0", "q1", "q2"]

@@ -160,7 +160,7 @@ def test_only_documented_errors_and_invariants_hold(kind, data):
             else:
                 assert good, f"reset accepted index {index!r}"
                 assert set(obs) == set(infos) == set(possible)
-                assert all(info == {"turn": 0, "index": env.item_index} for info in infos.values())
+                assert all(info == {"turn": 0, "index": env.item_index, "acting_agents": list(possible)} for info in infos.values())
                 if index is not None:
                     assert env.item_index == index
                 model.live, model.turn, model.reset = True, 0, True

@@ -8,8 +8,10 @@ from llm_marl.envs.adapters import DiscreteMenuWrapper, TokenIdsWrapper
 from llm_marl.envs.dialogue import Branch, DialogueEnv, ScoredStep
 from llm_marl.envs.registry import make, register, registered_ids
 from llm_marl.envs.spaces import Utterance
+from llm_marl.envs.turn_based import AECWrapper
 
 __all__ = [
+    "AECWrapper",
     "Branch",
     "ScoredStep",
     "DialogueEnv",

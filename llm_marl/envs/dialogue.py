@@ -1,7 +1,8 @@
 """DialogueEnv: a cooperative task as a PettingZoo parallel environment.
 
 =====================  ====================================================================
-Agents                 ``task.agents`` (all act at every turn)
+Agents                 ``task.agents``; those that answer at a turn are
+                       ``task.acting_agents(item, history)`` (default: all)
 Observation space      :class:`~llm_marl.envs.spaces.Utterance` (any Unicode string)
 Action space           :class:`~llm_marl.envs.spaces.Utterance` (any Unicode string)
 Rewards                one shared float per turn, equal for every agent; per agent where the
@@ -14,15 +15,19 @@ Render modes           ``"ansi"`` (the dialogue so far, as text)
 
 ``reset(seed=None, options=None)`` picks a dataset row — ``options={"index": i}`` picks row
 ``i``, otherwise a row is drawn with the env's seeded RNG — and returns every agent's first
-prompt. ``step(actions)`` takes every live agent's answer (a string), scores the joint answer with
+prompt. ``step(actions)`` takes every acting agent's answer (a string; answers of live agents that
+do not act at this turn may be given and are ignored), scores the joint answer with
 the task's reward and, unless the episode ends, applies the task's external transition to produce
 the next prompts. When the episode ends, every agent is terminated and removed from ``agents`` in
 the same step, and its final observation is the empty string (the transition is not called after
 the last turn). ``truncations`` are always False: the horizon is part of the task.
 
-Infos: after ``reset`` ``{"turn": 0, "index": i}``; after ``step`` ``{"turn": t, "index": i,
-"reward_details": {...}}`` where ``t`` is the turn that was just played (0-based) and the details
-are what the task's reward returned besides the number.
+Infos: after ``reset`` ``{"turn": 0, "index": i, "acting_agents": [...]}``; after ``step``
+``{"turn": t, "index": i, "reward_details": {...}, "acting_agents": [...]}`` where ``t`` is the turn
+that was just played (0-based), the details are what the task's reward returned besides the
+number, and ``acting_agents`` names the agents that answer at the next turn (every agent unless
+the task is turn-based; empty once the episode has ended). :attr:`DialogueEnv.acting_agents` says
+the same.
 
 Branching, for rollout trees: ``fork()`` returns an independent environment in the same state
 (cheap: the task, dataset and immutable history are shared), and ``step_branches(joint_actions)``
@@ -111,6 +116,7 @@ class DialogueEnv(ParallelEnv):
         self.item: Mapping[str, Any] | None = None
         self.history: tuple[Turn, ...] = ()
         self._observations: dict[str, str] = {}
+        self._acting: tuple[str, ...] = ()
 
     # --- PettingZoo API -------------------------------------------------------------------
 
@@ -119,6 +125,12 @@ class DialogueEnv(ParallelEnv):
 
     def action_space(self, agent: str) -> Utterance:
         return self._action_spaces[agent]
+
+    @property
+    def acting_agents(self) -> list[str]:
+        """The agents that answer at the turn about to be played (in agent order); [] when the
+        episode has ended or before ``reset``."""
+        return list(self._acting) if self.agents else []
 
     @property
     def turn(self) -> int:
@@ -146,11 +158,13 @@ class DialogueEnv(ParallelEnv):
             "initial_observations",
             f"task {self.task.task_name}, item {index}, turn 0",
         )
+        acting = self._acting_after(item, (), f"task {self.task.task_name}, item {index}, turn 0")
         self._np_random, self._np_random_seed = rng, rng_seed
         self.item_index, self.item, self.history = index, item, ()
         self._observations = observations
+        self._acting = acting
         self.agents = list(self.possible_agents)
-        return dict(observations), {a: {"turn": 0, "index": index} for a in self.agents}
+        return dict(observations), {a: {"turn": 0, "index": index, "acting_agents": list(acting)} for a in self.agents}
 
     def step(self, actions: Mapping[str, str]):
         self._check_actions(actions)
@@ -165,7 +179,8 @@ class DialogueEnv(ParallelEnv):
             lines.append(f"--- turn {t} ---")
             for agent in self.possible_agents:
                 lines.append(f"[{agent}] sees: {turn.observations[agent]}")
-                lines.append(f"[{agent}] says: {turn.actions[agent]}")
+                if agent in turn.actions:
+                    lines.append(f"[{agent}] says: {turn.actions[agent]}")
             if turn.rewards:
                 lines.append("rewards: " + ", ".join(f"{a} {v:g}" for a, v in turn.rewards.items()))
             else:
@@ -233,10 +248,10 @@ class DialogueEnv(ParallelEnv):
         unknown = [a for a in actions if a not in self.agents]
         if unknown:
             raise ValueError(f"actions for unknown or inactive agent(s) {unknown}; live agents are {self.agents}")
-        missing = [a for a in self.agents if a not in actions]
+        missing = [a for a in self._acting if a not in actions]
         if missing:
-            raise ValueError(f"no action for agent(s) {missing} ({self._where()})")
-        for agent in self.agents:
+            raise ValueError(f"no action for acting agent(s) {missing} ({self._where()})")
+        for agent in self._acting:
             action = actions[agent]
             if not isinstance(action, str):
                 raise ValueError(f"action of agent {agent!r} must be a str, got {type(action).__name__}")
@@ -248,7 +263,7 @@ class DialogueEnv(ParallelEnv):
 
     def _score(self, joint_actions: Sequence[Mapping[str, str]]) -> list[tuple[float | dict[str, float], dict[str, Any]]]:
         where = self._where()
-        frozen = [dict(actions) for actions in joint_actions]
+        frozen = [{a: actions[a] for a in self._acting} for actions in joint_actions]
         try:
             values = self.task.rewards(self.item, frozen, self.history)
         except Exception as exc:
@@ -282,6 +297,16 @@ class DialogueEnv(ParallelEnv):
                 )
         return {a: observations[a] for a in self.possible_agents}
 
+    def _acting_after(self, item: Mapping[str, Any], history: tuple[Turn, ...], where: str) -> tuple[str, ...]:
+        """The task's acting agents after ``history``, checked and in agent order."""
+        try:
+            acting = self.task.acting_agents(item, history)
+        except Exception as exc:
+            raise TaskError(f"{where}: acting_agents raised {type(exc).__name__}: {exc}") from exc
+        if isinstance(acting, str) or not isinstance(acting, Sequence) or not acting or any(a not in self.possible_agents for a in acting):
+            raise TaskError(f"{where}: acting_agents must return a non-empty sequence of agents from {self.possible_agents}, got {acting!r}")
+        return tuple(a for a in self.possible_agents if a in acting)
+
     def _scored(self, joint_actions: Sequence[Mapping[str, str]]) -> list[ScoredStep]:
         """Score checked joint answers and decide, for each, whether the episode ends."""
         played, agents = self.turn, list(self.agents)
@@ -289,7 +314,7 @@ class DialogueEnv(ParallelEnv):
         for actions, (value, details) in zip(joint_actions, self._score(joint_actions)):
             per_agent = dict(value) if isinstance(value, dict) else {}
             shared = sum(per_agent.values()) / len(per_agent) if per_agent else value
-            turn = Turn(self._observations, {a: actions[a] for a in agents}, shared, details, per_agent)
+            turn = Turn(self._observations, {a: actions[a] for a in self._acting}, shared, details, per_agent)
             history = self.history + (turn,)
             done = self.task.num_turns is not None and len(history) >= self.task.num_turns
             if not done:
@@ -297,7 +322,8 @@ class DialogueEnv(ParallelEnv):
                     done = bool(self.task.is_done(self.item, history))
                 except Exception as exc:
                     raise TaskError(f"{self._where()}: is_done raised {type(exc).__name__}: {exc}") from exc
-            infos = {a: {"turn": played, "index": self.item_index, "reward_details": dict(details)} for a in agents}
+            acting = [] if done else list(self._acting_after(self.item, history, f"task {self.task.task_name}, item {self.item_index}, turn {played + 1}"))
+            infos = {a: {"turn": played, "index": self.item_index, "reward_details": dict(details), "acting_agents": acting} for a in agents}
             results.append(
                 ScoredStep(
                     dict(turn.actions),
@@ -313,7 +339,7 @@ class DialogueEnv(ParallelEnv):
     def _next_observations(self, scored: ScoredStep) -> dict[str, str]:
         """The prompts after ``scored``: the task's transition, or empty strings when it ends."""
         if any(scored.terminations.values()):
-            return {a: "" for a in scored.actions}
+            return {a: "" for a in scored.infos}
         history = scored.history
         return self._checked_observations(
             lambda: self.task.transition(self.item, dict(history[-1].actions), history), "transition"
@@ -321,15 +347,16 @@ class DialogueEnv(ParallelEnv):
 
     def _commit(self, scored: ScoredStep, observations: dict[str, str]):
         """Make ``scored`` this env's last turn; returns the five dicts of ``step``."""
-        agents = list(scored.actions)
+        agents = list(scored.infos)
         done = any(scored.terminations.values())
         self.history = scored.history
         self._observations = observations
+        self._acting = tuple(next(iter(scored.infos.values()))["acting_agents"]) if scored.infos else ()
         self.agents = [] if done else agents
         return (
             dict(observations),
             dict(scored.rewards),
             dict(scored.terminations),
             dict(scored.truncations),
-            {a: {**info, "reward_details": dict(info["reward_details"])} for a, info in scored.infos.items()},
+            {a: {**info, "reward_details": dict(info["reward_details"]), "acting_agents": list(info["acting_agents"])} for a, info in scored.infos.items()},
         )

@@ -369,8 +369,27 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
                         result = critic.values([v_inputs[name][n] for n, per_node in enumerate(q_inputs[name]) for _ in per_node], flat)
                     q_values[name] = result.float().cpu()
         samples: list[Sample] = []
+        passed: dict[tuple[int, str], float | None] = {}
+
+        def after_value(child: RolloutNode | None, agent: str, name: str, out: int) -> float | None:
+            """What a TD target bootstraps from: V_old of ``agent`` at ``child`` where it acts there;
+            where it does not (turn-based), the mean over the child's joint actions of its reward
+            plus γ times this, recursively (the tree's backup through its partners' turns)."""
+            if child is None:
+                return None
+            if child.acts(agent):
+                return float(values[name][row[id(child)], out])
+            key = (id(child), agent)
+            if key not in passed:
+                own = child.rewards_of(agent)
+                nexts = [after_value(c, agent, name, out) for c in list(child.children) + [None] * (len(own) - len(child.children))]
+                passed[key] = sum(acm.td_target(r, v, args.discount) for r, v in zip(own, nexts)) / len(own)
+            return passed[key]
+
         for n, node in enumerate(nodes):
             for agent in self.agents:
+                if not node.acts(agent):
+                    continue  # turn-based: no sample where the agent does not act
                 name, out = self.critic_of(agent)
                 v_old = float(values[name][n, out])
                 k = len(node.completions[agent])
@@ -380,7 +399,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
                 targets = []
                 for j in range(k):
                     child = node.children[j] if j < len(node.children) else None
-                    after = float(values[name][row[id(child)], out]) if child is not None else None
+                    after = after_value(child, agent, name, out)
                     targets.append(acm.td_target(rewards[j], after, args.discount))
                 baseline = [v_old] * k
                 q_old: list[float] = []
@@ -410,12 +429,28 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
                         critic_actions=actions,
                     )
                 )
-        width = len(self.agents)
+        own_sample = {(id(node), s.agent): s for node, s in zip([n for n in nodes for a in self.agents if n.acts(a)], samples)}
+        logged: dict[tuple[int, str], list[float] | None] = {}
+
+        def child_returns(child: RolloutNode | None, agent: str) -> list[float] | None:
+            """The agent's logged returns at ``child`` (a node where it does not act: through it)."""
+            if child is None:
+                return None
+            if (id(child), agent) in own_sample:
+                return own_sample[(id(child), agent)].returns
+            key = (id(child), agent)
+            if key not in logged:
+                own = child.rewards_of(agent)
+                logged[key] = acm.logged_returns(own, [child_returns(child.children[j] if j < len(child.children) else None, agent) for j in range(len(own))])
+            return logged[key]
+
         for n in reversed(range(len(nodes))):  # children before their parents
-            for i, sample in enumerate(samples[n * width : (n + 1) * width]):
+            for agent in self.agents:
+                sample = own_sample.get((id(nodes[n]), agent))
+                if sample is None:
+                    continue
                 children = nodes[n].children
-                after = [samples[row[id(children[j])] * width + i].returns if j < len(children) and children[j] is not None else None
-                         for j in range(len(sample.rewards))]
+                after = [child_returns(children[j] if j < len(children) else None, agent) for j in range(len(sample.rewards))]
                 sample.returns = acm.logged_returns(sample.rewards, after)
         for sample in samples:
             self._note(f"train/{sample.agent}/value_mean", float(np.mean(sample.values)))
@@ -429,13 +464,18 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
         return node.observations[agent]
 
     def _critic_actions(self, node: RolloutNode, agent: str | None) -> list[Any]:
+        """The Q critic's action inputs at ``node``: per joint action (central: every agent's
+        answer, "" for an agent that does not act there), or the agent's K answers ([] where it
+        does not act)."""
         if agent is None:
-            count = len(node.completions[self.agents[0]])
+            acting = node.agents
             return [
-                joint_observation(node.observations, self.agents, [node.completions[a][j].text for a in self.agents])
-                for j in range(count)
+                joint_observation(
+                    node.observations, self.agents, [node.completions[a][combo[acting.index(a)]].text if a in acting else "" for a in self.agents]
+                )
+                for combo in node.joint
             ]
-        return list(node.completions[agent])
+        return list(node.completions.get(agent, ()))
 
     def _checked(self, values: torch.Tensor, name: str, nodes: list[RolloutNode], what: str) -> torch.Tensor:
         values = values.detach().float().cpu()
@@ -453,12 +493,14 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
         if self.reference_policies is None:
             return kl
         for agent in self.agents:
-            observations = [node.observations[agent] for node in nodes for _ in node.completions[agent]]
-            completions = [c for node in nodes for c in node.completions[agent]]
+            observations = [node.observations[agent] for node in nodes for _ in node.completions.get(agent, ())]
+            completions = [c for node in nodes for c in node.completions.get(agent, ())]
+            if not completions:
+                continue
             values = self._kl_penalty(agent, observations, completions)
             offset = 0
             for n, node in enumerate(nodes):
-                k = len(node.completions[agent])
+                k = len(node.completions.get(agent, ()))
                 kl[agent][n] = list(values[offset : offset + k])
                 offset += k
         return kl

@@ -193,9 +193,12 @@ class MADPOTrainer(MAGRPOTrainer):
         if not nodes:
             return []
         pairs = [self._node_pairs(node) for node in nodes]
-        answer_pairs = {
-            agent: [[(node.joint[w][p], node.joint[l][p]) for w, l in node_pairs] for node, node_pairs in zip(nodes, pairs)]
-            for p, agent in enumerate(self.agents)
+        answer_pairs = {  # [] at a node where the agent does not act (turn-based envs)
+            agent: [
+                [(node.joint[w][node.agents.index(agent)], node.joint[l][node.agents.index(agent)]) for w, l in node_pairs] if node.acts(agent) else []
+                for node, node_pairs in zip(nodes, pairs)
+            ]
+            for agent in self.agents
         }
         reference = {a: [[] for _ in nodes] for a in self.agents}
         if self.dpo_references is not None:
@@ -215,14 +218,16 @@ class MADPOTrainer(MAGRPOTrainer):
         for n, node in enumerate(nodes):
             rewards = [(float(node.rewards[w]), float(node.rewards[l])) for w, l in pairs[n]]
             for agent in self.agents:
-                k = len(node.completions[agent])
+                # An agent that does not act here keeps a placeholder (no answers, margin 0, no
+                # log-prob or gradient) so that every agent's samples hold the same pairs.
+                k = len(node.completions.get(agent, ()))
                 samples.append(
                     PreferenceSample(
                         agent,
                         node.observations[agent],
-                        list(node.completions[agent]),
-                        node.agent_returns(agent),
-                        pm.net_preferences(k, answer_pairs[agent][n]),
+                        list(node.completions.get(agent, ())),
+                        node.agent_returns(agent) if k else [],
+                        pm.net_preferences(k, answer_pairs[agent][n]) if k else [],
                         node.index,
                         node.turn,
                         pairs=list(pairs[n]),
@@ -276,28 +281,39 @@ class MADPOTrainer(MAGRPOTrainer):
         for agent, batch in batches.items():
             proxies[agent], positions[agent] = [], []
             for s in batch:
+                if not s.completions:
+                    continue  # a placeholder: the agent did not act at that node
                 unique = sorted({k for pair in s.answer_pairs for k in pair})
                 proxies[agent].append(Sample(agent, s.observation, [s.completions[k] for k in unique], [], [], s.index, s.turn))
                 positions[agent].append({k: i for i, k in enumerate(unique)})
-        scored = _score_batches(self.policies, proxies, self.args.logprob_reduction)
+        scored = _score_batches(self.policies, {a: p for a, p in proxies.items() if p}, self.args.logprob_reduction)
         rows, means = [], {}
-        device = None
+        device = next((t.device for t in scored.values()), None)
         for agent, batch in batches.items():
-            flat = scored[agent]
-            device = device or flat.device
-            chosen, rejected, offset = [], [], 0
-            for s, where, proxy in zip(batch, positions[agent], proxies[agent]):
+            flat = scored.get(agent)
+            chosen, rejected, offset, place = [], [], 0, []
+            proxy_iter = iter(zip(positions[agent], proxies[agent]))
+            for s in batch:
+                if not s.completions:
+                    place += [False] * len(s.pairs)
+                    continue
+                where, proxy = next(proxy_iter)
                 for w, l in s.answer_pairs:
                     chosen.append(offset + where[w])
                     rejected.append(offset + where[l])
                 offset += len(proxy.completions)
-            lp_w, lp_l = flat[chosen], flat[rejected]
-            ref = [r for s in batch for r in s.reference_log_probs]
-            ref_w = torch.tensor([r[0] for r in ref], dtype=flat.dtype, device=flat.device) if ref else None
-            ref_l = torch.tensor([r[1] for r in ref], dtype=flat.dtype, device=flat.device) if ref else None
-            rows.append(pm.dpo_margins(lp_w, lp_l, ref_w, ref_l).to(device))
-            means[agent] = float(flat.detach().mean()) if flat.numel() else None
-        return torch.stack(rows), means
+                place += [True] * len(s.answer_pairs)
+            row = torch.zeros(len(place), dtype=torch.float64 if flat is None else flat.dtype, device=device)
+            if flat is not None and chosen:
+                lp_w, lp_l = flat[chosen], flat[rejected]
+                ref = [r for s in batch for r in s.reference_log_probs]
+                ref_w = torch.tensor([r[0] for r in ref], dtype=flat.dtype, device=flat.device) if ref else None
+                ref_l = torch.tensor([r[1] for r in ref], dtype=flat.dtype, device=flat.device) if ref else None
+                row = row.index_put((torch.tensor(place, device=row.device).nonzero().flatten(),), pm.dpo_margins(lp_w, lp_l, ref_w, ref_l).to(row.device))
+            rows.append(row)
+            means[agent] = float(flat.detach().mean()) if flat is not None and flat.numel() else None
+        dtype = next((r.dtype for r, a in zip(rows, batches) if scored.get(a) is not None), torch.float64)
+        return torch.stack([r.to(dtype) for r in rows]), means
 
     def _loss_sum(self, agent: str, batch: list[Sample]) -> tuple[torch.Tensor, float]:
         raise NotImplementedError("MADPO's loss is joint over agents: it is computed for all agents at once in _team_backward")

@@ -38,7 +38,7 @@ import torch
 from pettingzoo import ParallelEnv
 
 from llm_marl.learners.advantages import k3_kl
-from llm_marl.learners.buffer import RolloutBuffer, Sample, samples_from_trees
+from llm_marl.learners.buffer import RolloutBuffer, Sample, node_groups, samples_from_trees
 from llm_marl.learners.checks import check_horizon, check_policies, env_horizon
 from llm_marl.learners.config import MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig
 from llm_marl.learners.evaluation import episode_metrics, evaluate
@@ -342,12 +342,12 @@ class MAGRPOTrainer(JointUpdate):
     ) -> None:
         """Append ``rest`` node by node, updating whenever every buffer is full, then log the batch."""
         args = self.args
-        num_agents = len(self.agents)
-        for start in range(0, len(rest), num_agents):
-            for sample in rest[start : start + num_agents]:
+        groups = node_groups(rest, self.agents)  # one per node: its acting agents' samples
+        for g, group in enumerate(groups):
+            for sample in group:
                 self.buffers[sample.agent].append(sample)
             if not self.dist.enabled and self._buffers_full():
-                self._update_or_keep(_UnfinishedBatch(batch_step, roots, samples, elapsed, rest[start + num_agents :]))
+                self._update_or_keep(_UnfinishedBatch(batch_step, roots, samples, elapsed, [s for later in groups[g + 1 :] for s in later]))
         if self.dist.enabled and self.dist.max(int(self._buffers_full())):
             self._update_or_keep(_UnfinishedBatch(batch_step, roots, samples, elapsed, []))
         stepped = sum(len(node.joint) for node in iter_nodes(roots))
@@ -355,6 +355,8 @@ class MAGRPOTrainer(JointUpdate):
         metrics["train/env_steps_per_second"] = stepped / max(elapsed, 1e-9)
         metrics["train/skipped_items"] = self.state.skipped_items
         for sample in samples:
+            if not sample.completions:
+                continue  # a preference learner's placeholder for an agent that did not act
             self._note(f"train/{sample.agent}/advantage_mean", float(np.mean(sample.advantages)))
             self._note(f"train/{sample.agent}/advantage_std", float(np.std(sample.advantages)))
             if sample.kl:

@@ -324,7 +324,8 @@ class MARLHFTrainer(MAGRPOTrainer):
         return select_pairs(node.rewards, args.pair_selection, args.preference_pairs_per_sample, rng)
 
     def _joint_text(self, node: RolloutNode, j: int) -> str:
-        answers = [node.completions[a][node.joint[j][p]].text for p, a in enumerate(self.agents)]
+        acting = node.agents  # "" for an agent that does not act at this node (turn-based envs)
+        answers = [node.completions[a][node.joint[j][acting.index(a)]].text if a in acting else "" for a in self.agents]
         return joint_answer_text(node.observations, self.agents, answers)
 
     def reward_model_loss(self, pairs: Sequence[tuple[str, str]]) -> tuple[torch.Tensor, float]:

@@ -23,6 +23,12 @@ give identical trees. Policies without ``generators=`` (language models sampling
 (:class:`~llm_marl.policies.LoRATeam`) are asked together, once per depth: one decode loop
 whose rows carry their agent's adapter.
 
+Turn-based turns: only the agents acting at a node answer there (the env's ``acting_agents``
+attribute, else its infos' ``"acting_agents"``, else every agent). The others are not asked: the
+node's ``completions`` and ``joint`` hold the acting agents only (in agent order), so the tree
+branches on them alone, and the learners make no sample, log-probability or gradient of a
+non-acting agent at that node. Every agent still gets the node's observation and rewards.
+
 Works on any ``pettingzoo.ParallelEnv``: envs without ``fork()`` are forked with
 ``copy.deepcopy``; envs without ``step_branches`` are stepped fork by fork. The env passed in is
 never stepped itself.
@@ -57,7 +63,9 @@ class RolloutNode:
     ``error`` is set on a root whose item failed and was skipped. ``agent_rewards`` is None
     when every agent got the same reward; where the env gave agents different rewards (only
     grown for learners that accept them) it maps agent → one reward per joint action, and
-    ``rewards[j]`` (hence ``returns``) is the agents' mean.
+    ``rewards[j]`` (hence ``returns``) is the agents' mean. ``completions`` (hence
+    :attr:`agents` and the positions in ``joint``) holds only the agents that acted at this turn
+    (every agent unless the env is turn-based); ``observations`` holds every agent's.
     """
 
     turn: int
@@ -76,7 +84,12 @@ class RolloutNode:
 
     @property
     def agents(self) -> list[str]:
+        """The agents that acted at this node, in agent order."""
         return list(self.completions)
+
+    def acts(self, agent: str) -> bool:
+        """Whether ``agent`` acted (answered) at this node."""
+        return agent in self.completions
 
     def rewards_of(self, agent: str) -> list[float]:
         """``agent``'s reward per joint action: ``agent_rewards[agent]`` where agents' rewards
@@ -169,6 +182,26 @@ def ask_team(
     return {agent: answers[names[agent]] for agent in agents}
 
 
+def acting_of(env: ParallelEnv, infos: Any, agents: Sequence[str], where: str = "") -> list[str]:
+    """The agents that act next in ``env``, in the order of ``agents``: the env's
+    ``acting_agents`` attribute where it has one, else ``infos``' ``"acting_agents"`` (any agent's),
+    else every agent."""
+    acting = getattr(env, "acting_agents", None)
+    if callable(acting):
+        acting = acting()
+    if acting is None and isinstance(infos, Mapping):
+        for info in infos.values():
+            if isinstance(info, Mapping) and "acting_agents" in info:
+                acting = info["acting_agents"]
+                break
+    if acting is None:
+        return list(agents)
+    unknown = [a for a in acting if a not in agents]
+    if unknown or not acting:
+        raise ValueError(f"{where}: the env's acting agents {list(acting)} must be a non-empty subset of the policies' agents {list(agents)}")
+    return [a for a in agents if a in acting]
+
+
 def fork_env(env: ParallelEnv) -> ParallelEnv:
     """``env.fork()`` where the env has it, else a deep copy."""
     fork = getattr(env, "fork", None)
@@ -228,12 +261,13 @@ class _Stepper:
             self.stepped = step_joint(env, joint)
             self.results = [tuple(s)[2:6] for s in self.stepped]
 
-    def child(self, j: int) -> tuple[ParallelEnv, Mapping[str, Any]]:
+    def child(self, j: int) -> tuple[ParallelEnv, Mapping[str, Any], Any]:
+        """Branch j's (env, next observations, infos)."""
         if self.lazy:
-            twin, observations, *_ = self.env.advance(self.scored[j])
+            twin, observations, *_, infos = self.env.advance(self.scored[j])
         else:
-            twin, observations, *_ = self.stepped[j]
-        return twin, observations
+            twin, observations, *_, infos = self.stepped[j]
+        return twin, observations, infos
 
 
 def shared_reward(rewards: Mapping[str, float], agents: Sequence[str], where: str, learner: str | None = None) -> float:
@@ -269,6 +303,7 @@ class _Open:
     node: RolloutNode
     env: ParallelEnv
     root: RolloutNode
+    acting: list[str] = field(default_factory=list)
 
 
 def grow_trees(
@@ -301,11 +336,11 @@ def grow_trees(
     for n, index in enumerate(indices):
         twin = fork_env(env)
         options = {"index": int(index)}
-        observations, _ = twin.reset(options=options)
+        observations, infos = twin.reset(options=options)
         root = RolloutNode(0, int(index), dict(observations), cross_aggregation=cross_aggregation)
         root.seed = None if seed is None else derive_seed(seed, int(index))
         roots.append(root)
-        frontier.append(_Open(root, twin, root))
+        frontier.append(_Open(root, twin, root, acting_of(twin, infos, agents, f"item {index}, turn 0")))
 
     for depth in range(num_turns):
         if not frontier:
@@ -316,26 +351,31 @@ def grow_trees(
                 raise ValueError(
                     f"item {open_node.node.index}, turn {depth}: live agents {live} differ from the policies' {agents}"
                 )
+        # Each agent is asked once, about the open nodes where it acts (turn-based envs).
+        asked = {agent: [o for o in frontier if agent in o.acting] for agent in agents}
         answers = sample_agents(
             policies,
-            {agent: [o.node.observations[agent] for o in frontier] for agent in agents},
+            {agent: [o.node.observations[agent] for o in asked[agent]] for agent in agents if asked[agent]},
             num_samples,
             {
-                agent: [None if o.node.seed is None else derive_seed(o.node.seed, position) for o in frontier]
+                agent: [None if o.node.seed is None else derive_seed(o.node.seed, position) for o in asked[agent]]
                 for position, agent in enumerate(agents)
+                if asked[agent]
             },
         )
-        combos = joint_actions(num_samples, len(agents), joint_mode)
+        answer_of = {agent: {id(o): answers[agent][p] for p, o in enumerate(asked[agent])} for agent in answers}
         next_frontier: list[_Open] = []
-        for position, open_node in enumerate(frontier):
+        for open_node in frontier:
             node, root = open_node.node, open_node.root
             if root.error is not None:
                 continue
-            node.completions = {agent: list(answers[agent][position]) for agent in agents}
+            acting = open_node.acting
+            combos = joint_actions(num_samples, len(acting), joint_mode)
+            node.completions = {agent: list(answer_of[agent][id(open_node)]) for agent in acting}
             node.joint = combos
-            spaces = {agent: _action_space(open_node.env, agent) for agent in agents}
+            spaces = {agent: _action_space(open_node.env, agent) for agent in acting}
             joint = [
-                {agent: _env_action(spaces[agent], node.completions[agent][combo[i]]) for i, agent in enumerate(agents)}
+                {agent: _env_action(spaces[agent], node.completions[agent][combo[i]]) for i, agent in enumerate(acting)}
                 for combo in combos
             ]
             where = f"item {node.index}, turn {depth}"
@@ -359,7 +399,7 @@ def grow_trees(
                 if any(terminations.get(a, False) or truncations.get(a, False) for a in agents):
                     continue
                 try:
-                    twin, observations = stepper.child(j)
+                    twin, observations, infos = stepper.child(j)
                 except TaskError as exc:
                     if not skip_errors:
                         raise
@@ -368,7 +408,7 @@ def grow_trees(
                 child = RolloutNode(depth + 1, node.index, dict(observations), cross_aggregation=cross_aggregation)
                 child.seed = None if node.seed is None else derive_seed(node.seed, "child", j)
                 node.children[j] = child
-                next_frontier.append(_Open(child, twin, root))
+                next_frontier.append(_Open(child, twin, root, acting_of(twin, infos, agents, f"item {node.index}, turn {depth + 1}")))
         frontier = [o for o in next_frontier if o.root.error is None]
 
     for root in roots:

@@ -24,10 +24,11 @@ Schema (``version`` 1) of one line::
             "turn": 0-based, "seed": per-node seed or null,
             "status": "expanded" | "early_terminated" | "last_turn" | "ended",
             "observations": {agent: prompt},
-            "joint": [[answer index per agent], ...],   # joint action j
+            "joint": [[answer index per acting agent], ...],   # joint action j
             "rewards": [r_j], "returns": [G_j], "details": [reward details_j],
             "children": [child id or null per j],        # null: branch not expanded
-            "agents": {agent: {
+            "agents": {agent: {                           # the agents that acted at this node
+                                                          # (all, unless turn-based), in order
                 "completions": [{"text", "tokens" (token count, or null without token ids),
                                  "action" (menu index or null)}, ...],   # the K answers
                 "returns": per-answer returns (docs/algorithms.md §3.7),
@@ -166,8 +167,15 @@ def tree_record(
     for n, node in enumerate(nodes):
         parent = parents.get(id(node))
         per_agent = {}
-        for a, agent in enumerate(agents):
-            sample = samples[id(node)][a] if samples is not None else None
+        own = {} if samples is None else {s.agent: s for s in samples[id(node)]}
+        if samples is not None and len(own) != len(samples[id(node)]):
+            raise ValueError(f"item {node.index}, turn {node.turn}: two samples of one agent at node {n}")
+        for agent in agents:
+            if not node.acts(agent):
+                continue  # turn-based: this agent did not act here
+            sample = own.get(agent) if samples is not None else None
+            if samples is not None and sample is None:
+                raise ValueError(f"item {node.index}, turn {node.turn}: no sample of acting agent {agent!r} at node {n}")
             if sample is not None and (sample.agent, sample.index, sample.turn) != (agent, node.index, node.turn):
                 raise ValueError(
                     f"item {node.index}, turn {node.turn}: sample of agent {sample.agent!r} (item {sample.index}, "
@@ -217,11 +225,19 @@ def tree_record(
 
 def samples_by_node(roots: Sequence[RolloutNode], samples: Sequence[Any], num_agents: int) -> dict[int, list[Any]]:
     """``id(node)`` -> that node's samples, for samples in the order ``samples_from_trees`` makes
-    them (every node of the trees in creation order, ``num_agents`` samples each)."""
+    them (every node of the trees in creation order, one sample per agent acting there; learners
+    that keep every agent's sample at every node — ``num_agents`` each — are accepted too)."""
     nodes = list(iter_nodes(roots))
-    if len(samples) != len(nodes) * num_agents:
-        raise ValueError(f"{len(samples)} samples for {len(nodes)} nodes x {num_agents} agents")
-    return {id(node): list(samples[n * num_agents : (n + 1) * num_agents]) for n, node in enumerate(nodes)}
+    if len(samples) == len(nodes) * num_agents:
+        return {id(node): list(samples[n * num_agents : (n + 1) * num_agents]) for n, node in enumerate(nodes)}
+    sizes = [len(node.completions) for node in nodes]
+    if len(samples) != sum(sizes):
+        raise ValueError(f"{len(samples)} samples for {len(nodes)} nodes with {sum(sizes)} acting agents ({num_agents} agents)")
+    grouped, offset = {}, 0
+    for node, size in zip(nodes, sizes):
+        grouped[id(node)] = list(samples[offset : offset + size])
+        offset += size
+    return grouped
 
 
 def tree_from_record(record: Mapping[str, Any]) -> RolloutNode:
@@ -241,6 +257,7 @@ def tree_from_record(record: Mapping[str, Any]) -> RolloutNode:
                         for c in node["agents"][agent]["completions"]
                     ]
                     for agent in agents
+                    if agent in node["agents"]
                 },
                 joint=[tuple(combo) for combo in node["joint"]],
                 rewards=list(node["rewards"]),
@@ -321,17 +338,18 @@ def markdown_tree(record: Mapping[str, Any], max_nodes: int = 6, max_chars: int 
         for agent in agents:
             lines.append(f"| {cell(agent)} | {cell(node['observations'][agent])} |")
         lines.append("")
-        lines.append("| joint | " + " | ".join(cell(a) for a in agents) + " | reward | return |")
-        lines.append("|---|" + "---|" * len(agents) + "---|---|")
+        acting = [a for a in agents if a in node["agents"]]
+        lines.append("| joint | " + " | ".join(cell(a) for a in acting) + " | reward | return |")
+        lines.append("|---|" + "---|" * len(acting) + "---|---|")
         for j, combo in enumerate(node["joint"]):
-            answers = [node["agents"][a]["completions"][k]["text"] for a, k in zip(agents, combo)]
+            answers = [node["agents"][a]["completions"][k]["text"] for a, k in zip(acting, combo)]
             lines.append(
                 f"| {j} | " + " | ".join(cell(t) for t in answers) + f" | {number(node['rewards'][j])} | {number(node['returns'][j])} |"
             )
         lines.append("")
         lines.append("| agent | answer | return | advantage |")
         lines.append("|---|---|---|---|")
-        for agent in agents:
+        for agent in acting:
             data = node["agents"][agent]
             for k, completion in enumerate(data["completions"]):
                 advantage = data["advantages"][k] if data["advantages"] is not None else None

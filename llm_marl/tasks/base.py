@@ -2,7 +2,8 @@
 
 A task is written once, as a subclass of :class:`CooperativeTask`, and is played through
 :class:`llm_marl.envs.DialogueEnv` (a PettingZoo parallel environment). At every turn each agent
-sees its own observation (a prompt string) and answers with a string; the joint answer earns
+sees its own observation (a prompt string) and answers with a string (turn-based tasks name the
+agents that answer at a turn with :meth:`CooperativeTask.acting_agents`); the joint answer earns
 ONE shared reward; the task's external transition turns the joint answer into every agent's next
 observation. A task knows nothing about the learners.
 
@@ -46,7 +47,8 @@ def _frozen(mapping: Mapping[str, Any] | None) -> Mapping[str, Any]:
 class Turn:
     """One finished turn: what every agent saw and said, and the shared reward it earned.
 
-    ``observations`` and ``actions`` map agent → text; ``details`` holds whatever the task's
+    ``observations`` and ``actions`` map agent → text (``actions``: the agents that acted at this
+    turn, every agent unless the task is turn-based); ``details`` holds whatever the task's
     reward returned besides the number (e.g. per-level scores, test results). All are
     read-only mappings, so a history (a tuple of turns) can be shared by forked environments.
     ``rewards`` is empty for a shared reward; where the task gave agents different rewards it
@@ -121,6 +123,17 @@ class CooperativeTask:
         included). Not called after the final turn.
         """
         raise NotImplementedError
+
+    def acting_agents(self, item: Mapping[str, Any], history: History) -> tuple[str, ...]:
+        """The agents that answer at the turn after ``history`` (default: every agent).
+
+        Turn-based tasks return a non-empty subset of ``agents``, e.g. ``(self.agents[len(history)
+        % 2],)`` for two agents taking turns. Only they answer at that turn: the others are not
+        asked, and get no sample, log-probability or gradient there; the turn's ``actions`` (in
+        :meth:`reward`, :meth:`transition` and the history) hold the acting agents' answers only.
+        Every agent still gets an observation and the turn's reward.
+        """
+        return tuple(self.agents)
 
     def is_done(self, item: Mapping[str, Any], history: History) -> bool:
         """Whether the episode ends early after the turns in ``history`` (default: never)."""
