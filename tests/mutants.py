@@ -330,9 +330,23 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "an early-stopped episode is bootstrapped",
         "llm_marl/learners/actor_critic.py",
-        "after = float(values[name][row[id(child)], out]) if child is not None else None",
-        "after = float(values[name][row[id(child)], out]) if child is not None else float(values[name][n, out])",
+        "after = after_value(child, agent, name, out)",
+        "after = after_value(child, agent, name, out) if child is not None else float(values[name][n, out])",
         ("tests/test_actor_critic.py::test_t4_an_early_stop_is_not_bootstrapped",),
+    ),
+    Mutant(
+        "turn-based: every agent is asked at every node, acting or not",
+        "llm_marl/learners/tree.py",
+        "asked = {agent: [o for o in frontier if agent in o.acting] for agent in agents}",
+        "asked = {agent: list(frontier) for agent in agents}",
+        ("tests/test_turn_based.py::test_trees_branch_on_the_acting_agents_only",),
+    ),
+    Mutant(
+        "turn-based: a TD target bootstraps from the critic's value where the agent does not act",
+        "llm_marl/learners/actor_critic.py",
+        "            if child.acts(agent):\n                return float(values[name][row[id(child)], out])",
+        "            if True:\n                return float(values[name][row[id(child)], out])",
+        ("tests/test_turn_based.py::test_iac_targets_bootstrap_through_the_partners_turn",),
     ),
     Mutant(
         "q critic: action-dependent baseline A = y - Q (the anchor's Q7)",

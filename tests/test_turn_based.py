@@ -153,6 +153,30 @@ def test_a_non_acting_agent_gets_no_sample_log_prob_or_gradient(learner):
     assert moved > 0
 
 
+def test_iac_targets_bootstrap_through_the_partners_turn():
+    """Hand-checked: the speaker acts at turn 0 (reward 0), the listener at turn 1. The speaker's
+    critic value at turn 1 (where it does not act) is never used: its TD target for answer g is
+    0 + γ · (mean of the listener's rewards on branch g); the listener's is its reward."""
+    from llm_marl.learners.tree import collect_trees
+
+    policies = spies()
+    args = IACConfig(num_turns=2, num_generations=4, num_train_epochs=1, rollout_buffer_size=1, eval_interval=0,
+                     progress_bar=False, seed=0, early_termination_threshold=None, discount=0.5, value_clip_range=None)
+    trainer = IACTrainer(env=DialogueEnv(Signal()), policies=policies, args=args)
+    roots = collect_trees(trainer.env, policies, [0, 1], args, seed=3)
+    samples = trainer._samples(roots)
+    speaker = [s for s in samples if s.agent == "speaker"]
+    listener = [s for s in samples if s.agent == "listener"]
+    assert len(speaker) == 2 and len(listener) == 8  # one per node where each acts
+    for root, sample in zip(roots, speaker):
+        expected = [0.5 * sum(child.rewards) / 4 for child in root.children]
+        assert sample.targets == pytest.approx(expected)
+        assert sample.returns == pytest.approx([sum(child.rewards) / 4 for child in root.children])  # logged: undiscounted
+    assert any(t > 0 for s in speaker for t in s.targets)
+    for sample in listener:
+        assert sample.targets == pytest.approx(sample.rewards)
+
+
 def test_magrpo_learns_the_signalling_convention_and_beats_a_reward_blind_control():
     from controls import reward_blind
 
