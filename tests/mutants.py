@@ -515,8 +515,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "MADPO margins ignore the frozen reference",
         "llm_marl/learners/preference.py",
-        "rows.append(pm.dpo_margins(lp_w, lp_l, ref_w, ref_l).to(device))",
-        "rows.append(pm.dpo_margins(lp_w, lp_l, None, None).to(device))",
+        "pm.dpo_margins(lp_w, lp_l, ref_w, ref_l).to(row.device)",
+        "pm.dpo_margins(lp_w, lp_l, None, None).to(row.device)",
         ("tests/test_preference.py::test_joint_dpo_loss_and_per_agent_gradients_on_a_tabular_team",),
     ),
     Mutant(

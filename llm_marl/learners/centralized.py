@@ -122,7 +122,7 @@ class CentralizedEnv(ParallelEnv):
             raise ValueError(f"centralized adapter {type(self.adapter).__name__}.build_prompt returned {prompt!r}, not a non-empty string")
         self._prompt = prompt
         self.agents = [self.actor]
-        return {self.actor: prompt}, {self.actor: dict(infos.get(self.roles[0], {}))}
+        return {self.actor: prompt}, {self.actor: {**dict(infos.get(self.roles[0], {})), "acting_agents": [self.actor]}}
 
     def split(self, text: str) -> list[str]:
         """The roles' answers in ``text`` (every role empty where it has no section)."""
@@ -138,7 +138,7 @@ class CentralizedEnv(ParallelEnv):
         _, rewards, terminations, truncations, infos = result
         where = f"{self.metadata['name']}, item {getattr(self.env, 'item_index', '?')}"
         reward = shared_reward(rewards, self.roles, where, learner="CentralizedMAGRPOTrainer")
-        info = {**dict(infos.get(self.roles[0], {})), "role_answers": dict(zip(self.roles, roles))}
+        info = {**dict(infos.get(self.roles[0], {})), "role_answers": dict(zip(self.roles, roles)), "acting_agents": []}
         self.agents = []
         return {self.actor: ""}, {self.actor: reward}, {self.actor: True}, {self.actor: False}, {self.actor: info}
 
