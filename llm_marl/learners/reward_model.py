@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import math
 import random
 import zlib
@@ -38,10 +39,12 @@ from llm_marl.learners.config import _at_least, _one_of, _positive
 from llm_marl.learners.preference import MADPOConfig, centralize_if_asked
 from llm_marl.learners.reinforce import MAGRPOTrainer, _num_items
 from llm_marl.learners.tree import RolloutNode, collect_trees, derive_seed, iter_nodes
+from llm_marl.policies.base import Completion
 from llm_marl.policies.critic import joint_observation
+from llm_marl.policies.lm_runner import context_length
 from llm_marl.policies.weight_changes import optimizer_parameters, weights_changed
 
-__all__ = ["HashedNgramBackbone", "JointRewardModel", "MARLHFConfig", "MARLHFTrainer", "joint_answer_text"]
+__all__ = ["HashedNgramBackbone", "JointRewardModel", "JointText", "MARLHFConfig", "MARLHFTrainer", "comlrl_joint_text", "joint_answer_text"]
 
 RL_ALGORITHMS = {"magrpo": "mean", "mareinforce": "raw", "marloo": "rloo", "maremax": "max"}
 """rl_algorithm -> the advantage_mode of its REINFORCE learner."""
@@ -51,6 +54,70 @@ ACTOR_CRITIC_ALGORITHMS = ("iac", "maac")
 def joint_answer_text(observations: Any, agents: Sequence[str], answers: Sequence[str]) -> str:
     """The reward model's input: every agent's prompt, then every agent's answer."""
     return joint_observation(observations, agents, list(answers))
+
+
+def comlrl_joint_text(prompts: Sequence[str], answers: Sequence[str]) -> str:
+    """CoMLRL's reward-model text: each agent's prompt followed by its response, agent by agent
+    ("Joint multi-agent response", then "Agent k prompt:" / "Agent k response:" blocks, k from 1)."""
+    parts = ["Joint multi-agent response"]
+    for k, (prompt, answer) in enumerate(zip(prompts, answers), start=1):
+        parts += [f"Agent {k} prompt:\n{prompt}", f"Agent {k} response:\n{answer}"]
+    return "\n\n".join(parts)
+
+
+class JointText(str):
+    """A joint answer's text (a ``str``: what is shown and compared) that also knows its pieces,
+    ``(role, text, ids)`` with role "frame", "prompt" or "answer": ``ids`` are the token ids the
+    agent's own model reads for that piece (its templated prompt, its generated answer), or None
+    (the reward model tokenizes ``text``). :meth:`JointRewardModel.encode` reads the pieces, and
+    cuts only prompts (from their left) to fit the model."""
+
+    pieces: tuple[tuple[str, str, tuple[int, ...] | None], ...]
+
+    def __new__(cls, pieces: Sequence[tuple[str, str, Sequence[int] | None]]) -> "JointText":
+        pieces = tuple((role, text, None if ids is None else tuple(int(t) for t in ids)) for role, text, ids in pieces)
+        bad = [role for role, _, _ in pieces if role not in ("frame", "prompt", "answer")]
+        if bad:
+            raise ValueError(f"JointText: piece role {bad[0]!r} is not 'frame', 'prompt' or 'answer'")
+        self = super().__new__(cls, "".join(text for _, text, _ in pieces))
+        self.pieces = pieces
+        return self
+
+    def __getnewargs__(self) -> tuple[Any, ...]:
+        return (self.pieces,)
+
+
+def _cap(lengths: Sequence[int], budget: int) -> int:
+    """The largest c with sum(min(n, c) for n in lengths) <= budget."""
+    low, high = 0, max(lengths, default=0)
+    while low < high:
+        mid = (low + high + 1) // 2
+        if sum(min(n, mid) for n in lengths) <= budget:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def fit_pieces(pieces: Sequence[tuple[str, list[int]]], limit: int | None) -> list[int]:
+    """The token ids of ``(role, ids)`` pieces joined, at most ``limit`` of them. When too long,
+    prompts lose tokens from their left, the longest first (each keeps its last ``c`` tokens,
+    ``c`` as large as fits); if even empty prompts do not fit, the frames are cut the same way.
+    Answers are kept whole: ValueError when they alone exceed ``limit``."""
+    total = sum(len(ids) for _, ids in pieces)
+    if limit is None or total <= limit:
+        return [t for _, ids in pieces for t in ids]
+    answers = sum(len(ids) for role, ids in pieces if role == "answer")
+    if answers > limit:
+        raise ValueError(f"reward model: the joint answer's answers take {answers} tokens, over its limit of {limit} "
+                         "(reward_max_length, or the model's positions); raise reward_max_length or lower max_new_tokens")
+    frames = sum(len(ids) for role, ids in pieces if role == "frame")
+    keep = {"prompt": _cap([len(ids) for role, ids in pieces if role == "prompt"], max(0, limit - answers - frames))}
+    keep["frame"] = _cap([len(ids) for role, ids in pieces if role == "frame"], limit - answers) if frames + answers > limit else frames
+    out: list[int] = []
+    for role, ids in pieces:
+        out += ids if role == "answer" else ids[len(ids) - min(len(ids), keep[role]) :]
+    return out
 
 
 class HashedNgramBackbone(nn.Module):
@@ -88,13 +155,21 @@ class JointRewardModel(nn.Module):
             features (with a ``hidden_size`` attribute), e.g. :class:`HashedNgramBackbone`.
         freeze_backbone: train only the head.
         tokenizer: the language-model backbone's tokenizer.
-        max_length: truncate tokenized texts to this many tokens; None: no truncation.
+        max_length: at most this many tokens per text; None: the model's positions (when its
+            config declares them). A :class:`JointText` loses prompt tokens only, from the left
+            of each prompt; a plain text is cut on ``truncation_side``.
         seed: initialize the head from this seed (torch's default initialization otherwise,
             from the global RNG).
+        truncation_side: where a plain text too long for the model is cut: "left" (keep its
+            end, where llm_marl's joint text has the answers) or "right" (CoMLRL).
+
+    A language-model backbone scores every text as it scores it alone: rows are left-padded
+    with ``position_ids = cumsum(attention_mask) - 1``, whatever the tokenizer's padding side.
+    The model is in eval mode except while :meth:`MARLHFTrainer.fit_reward_model` fits it.
     """
 
     def __init__(self, backbone: nn.Module, freeze_backbone: bool = False, *, tokenizer: Any = None, max_length: int | None = None,
-                 seed: int | None = None):
+                 seed: int | None = None, truncation_side: str = "left"):
         super().__init__()
         self.backbone = backbone
         config = getattr(backbone, "config", None)
@@ -106,7 +181,11 @@ class JointRewardModel(nn.Module):
             raise ValueError(f"JointRewardModel: cannot tell the hidden size of backbone {type(backbone).__name__} (config.hidden_size / n_embd / d_model, or a hidden_size attribute)")
         if self.is_language_model and tokenizer is None:
             raise ValueError("JointRewardModel: a language-model backbone needs its tokenizer=")
-        self.tokenizer, self.max_length = tokenizer, max_length
+        if truncation_side not in ("left", "right"):
+            raise ValueError(f"JointRewardModel: truncation_side must be 'left' or 'right', got {truncation_side!r}")
+        self.tokenizer, self.max_length, self.truncation_side = tokenizer, max_length, truncation_side
+        self.takes_position_ids = self.is_language_model and "position_ids" in inspect.signature(backbone.forward).parameters
+        self.context_length = context_length(backbone) if self.is_language_model else None
         reference = next(backbone.parameters())
         with torch.random.fork_rng(devices=[]):
             if seed is not None:
@@ -116,26 +195,60 @@ class JointRewardModel(nn.Module):
         if freeze_backbone:
             for p in self.backbone.parameters():
                 p.requires_grad_(False)
+        self.eval()
+
+    @property
+    def limit(self) -> int | None:
+        """Most tokens a text may have: ``max_length`` and the model's positions, the smaller."""
+        found = [n for n in (self.max_length, self.context_length) if n]
+        return min(found) if found else None
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Scores of tokenized joint answers (language-model backbone): the head on the final
-        hidden state of each row's last real token (left or right padding)."""
-        out = self.backbone(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
-        hidden = out.hidden_states[-1]
+        hidden state of each row's last real token (left or right padding; positions count
+        real tokens only, so a row scores as it does alone)."""
+        inputs: dict[str, Any] = {"input_ids": input_ids, "attention_mask": attention_mask, "output_hidden_states": True, "use_cache": False}
+        if self.takes_position_ids:
+            inputs["position_ids"] = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        hidden = self.backbone(**inputs).hidden_states[-1]
         positions = torch.arange(attention_mask.size(1), device=hidden.device).expand_as(attention_mask)
         last = positions.masked_fill(attention_mask == 0, 0).max(dim=1).values
         pooled = hidden[torch.arange(hidden.size(0), device=hidden.device), last]
         return self.reward_head(pooled).squeeze(-1)
 
+    def _ids(self, text: str, special: bool) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=special, verbose=False)["input_ids"])
+
+    def encode(self, texts: Sequence[str]) -> list[list[int]]:
+        """The token ids the language-model backbone reads for each text (at most :attr:`limit`)."""
+        limit, rows = self.limit, []
+        for text in texts:
+            pieces = getattr(text, "pieces", None)
+            if pieces is not None:
+                ids = fit_pieces([(role, list(ids) if ids is not None else self._ids(part, False)) for role, part, ids in pieces], limit)
+            else:
+                ids = self._ids(str(text), True)
+                if limit and len(ids) > limit:
+                    ids = ids[:limit] if self.truncation_side == "right" else ids[-limit:]
+            rows.append(ids or [int(self.tokenizer.eos_token_id)])
+        return rows
+
     def scores(self, texts: Sequence[str]) -> torch.Tensor:
-        """One differentiable scalar score per joint-answer text."""
+        """One differentiable scalar score per joint-answer text, each as it scores alone."""
         device = self.reward_head.weight.device
         if not self.is_language_model:
             return self.reward_head(self.backbone(list(texts)).to(self.reward_head.weight)).squeeze(-1)
-        if getattr(self.tokenizer, "pad_token", None) is None:
-            self.tokenizer.pad_token = self.tokenizer.eos_token
-        encoded = self.tokenizer(list(texts), padding=True, truncation=self.max_length is not None, max_length=self.max_length, return_tensors="pt")
-        return self.forward(encoded["input_ids"].to(device), encoded["attention_mask"].to(device))
+        rows = self.encode(texts)
+        if not rows:
+            return torch.zeros(0, device=device, dtype=self.reward_head.weight.dtype)
+        pad = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        width = max(len(r) for r in rows)
+        input_ids = torch.full((len(rows), width), int(pad), dtype=torch.long)
+        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
+        for i, ids in enumerate(rows):
+            input_ids[i, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[i, width - len(ids) :] = 1
+        return self.forward(input_ids.to(device), attention_mask.to(device))
 
 
 @dataclass
@@ -161,7 +274,7 @@ class MARLHFConfig(MADPOConfig):
     reward_train_batch_size: int = 1
     """Pairs per reward-model optimizer step."""
     reward_max_length: int | None = None
-    """Truncate the reward model's tokenized input to this many tokens; None: no truncation."""
+    """At most this many tokens of reward-model input (prompts are cut from their left, answers kept); None: the model's positions."""
     reward_freeze_backbone: bool = False
     """Train only the reward model's scalar head."""
 
@@ -229,6 +342,8 @@ class MARLHFTrainer(MAGRPOTrainer):
     """
 
     config_class = MARLHFConfig
+    reward_truncation_side = "left"
+    """Where the default reward model cuts a plain text too long for it (JointText: prompts only)."""
 
     def __new__(cls, *positional: Any, **keywords: Any) -> "MARLHFTrainer":
         """An instance of the actor-critic form of ``cls`` (:func:`actor_critic_form`) when
@@ -266,16 +381,19 @@ class MARLHFTrainer(MAGRPOTrainer):
 
             backbone = AutoModelForCausalLM.from_pretrained(args.reward_model_name)
             tokenizer = AutoTokenizer.from_pretrained(args.reward_model_name)
-            return JointRewardModel(backbone, args.reward_freeze_backbone, tokenizer=tokenizer, max_length=args.reward_max_length, seed=seed)
+            return JointRewardModel(backbone.float(), args.reward_freeze_backbone, tokenizer=tokenizer, max_length=args.reward_max_length,
+                                    seed=seed, truncation_side=self.reward_truncation_side)
         first = self.policies[self.agents[0]]
         model, tokenizer = getattr(first, "model", None), getattr(first, "tokenizer", None)
         if model is not None and tokenizer is not None:
             backbone = copy.deepcopy(model)
             if callable(getattr(backbone, "unload", None)):  # a peft model (adapter team): the base without adapters
                 backbone = backbone.unload()
+            backbone.float()  # trained in float32 whatever the agent's dtype: a bf16 copy at lr 1e-5 barely moves
             for p in backbone.parameters():
                 p.requires_grad_(True)
-            return JointRewardModel(backbone, args.reward_freeze_backbone, tokenizer=tokenizer, max_length=args.reward_max_length, seed=seed)
+            return JointRewardModel(backbone, args.reward_freeze_backbone, tokenizer=tokenizer, max_length=args.reward_max_length, seed=seed,
+                                    truncation_side=self.reward_truncation_side)
         return JointRewardModel(HashedNgramBackbone(seed=derive_seed(args.seed, "reward_model")), args.reward_freeze_backbone, seed=seed)
 
     def checkpoint_extras(self) -> dict[str, Any]:
@@ -324,9 +442,42 @@ class MARLHFTrainer(MAGRPOTrainer):
         return select_pairs(node.rewards, args.pair_selection, args.preference_pairs_per_sample, rng)
 
     def _joint_text(self, node: RolloutNode, j: int) -> str:
-        acting = node.agents  # "" for an agent that does not act at this node (turn-based envs)
-        answers = [node.completions[a][node.joint[j][acting.index(a)]].text if a in acting else "" for a in self.agents]
-        return joint_answer_text(node.observations, self.agents, answers)
+        """Joint answer ``j`` of ``node`` as the reward model reads it: a :class:`JointText` with
+        the layout of :func:`joint_answer_text` whose prompts are each agent's prompt as its
+        actor reads it (chat template and system prompt included: the same token ids where the
+        reward model shares the agent's tokenizer) and whose answers are the generated tokens."""
+        acting = node.agents  # an agent that does not act at this node (turn-based envs) answers ""
+        completions = [node.completions[a][node.joint[j][acting.index(a)]] if a in acting else Completion("") for a in self.agents]
+        if not getattr(self.reward_model, "is_language_model", False):
+            return joint_answer_text(node.observations, self.agents, [c.text for c in completions])
+        pieces: list[tuple[str, str, Any]] = []
+        for k, agent in enumerate(self.agents):
+            text, ids = self._agent_prompt(agent, node.observations[agent])
+            pieces += [("frame", ("\n\n" if k else "") + f"[Agent {k}] ", None), ("prompt", text, ids)]
+        pieces.append(("frame", "\n\n[Joint Action]\n\n", None))
+        for k, (agent, completion) in enumerate(zip(self.agents, completions)):
+            same = self._shares_tokenizer(agent) and completion.token_ids is not None
+            pieces += [("frame", ("\n\n" if k else "") + f"[Agent {k} action]\n", None), ("answer", completion.text, completion.token_ids if same else None)]
+        return JointText(pieces)
+
+    def _shares_tokenizer(self, agent: str) -> bool:
+        """Whether the reward model reads ``agent``'s token ids (one tokenizer, or one vocabulary)."""
+        mine, theirs = getattr(self.reward_model, "tokenizer", None), getattr(self.policies[agent], "tokenizer", None)
+        if mine is None or theirs is None:
+            return False
+        if mine is theirs:
+            return True
+        name = getattr(mine, "name_or_path", None)
+        return bool(name) and name == getattr(theirs, "name_or_path", None) and len(mine) == len(theirs)
+
+    def _agent_prompt(self, agent: str, observation: Any) -> tuple[str, list[int] | None]:
+        """``agent``'s prompt as its actor reads it: the rendered text and (when the reward model
+        shares its tokenizer) its token ids; else the observation's text."""
+        policy = self.policies[agent]
+        if callable(getattr(policy, "render_prompt", None)) and callable(getattr(policy, "encode_prompts", None)):
+            text = policy.render_prompt(observation)
+            return text, (policy.encode_prompts([observation])[0] if self._shares_tokenizer(agent) else None)
+        return str(observation), None
 
     def reward_model_loss(self, pairs: Sequence[tuple[str, str]]) -> tuple[torch.Tensor, float]:
         """Mean Bradley–Terry loss of ``pairs`` (differentiable) and the pairs' accuracy."""
@@ -428,7 +579,9 @@ def actor_critic_form(trainer_class: type, algorithm: str) -> type:
 
     learner = IACTrainer if algorithm == "iac" else MAACTrainer
     short = learner.__name__[: -len("Trainer")]
-    config = dataclasses.dataclass(type(f"{trainer_class.config_class.__name__}{short}", (trainer_class.config_class, learner.config_class), {}))
+    # One shared reward: phase 1 ranks joint answers by it and every critic learns the model's one score.
+    name = f"{trainer_class.config_class.__name__.removesuffix('Config')}{short}Config"
+    config = dataclasses.dataclass(type(name, (trainer_class.config_class, learner.config_class), {"per_agent_rewards": False}))
 
     def __init__(self: Any, env: Any = None, policies: Any = None, args: Any = None, eval_env: Any = None, **kwargs: Any) -> None:
         if args is not None and not isinstance(args, config):

@@ -277,10 +277,12 @@ def shared_reward(rewards: Mapping[str, float], agents: Sequence[str], where: st
         raise ValueError(f"{where}: reward of agent {bad[0][0]!r} is {bad[0][1]}, not a finite number")
     if any(v != values[0] for v in values):
         who = f"{learner} uses" if learner else "the learners use"
+        family = ("(the preference learners MADPO and MARLHF, whatever their rl_algorithm, rank joint answers by it). Per-agent rewards "
+                  "train IAC or MAAC on their own" if learner and learner.startswith(("MADPO", "MARLHF")) else
+                  "(the MAGRPO family: MAGRPO, MAREINFORCE, MARLOO, MAReMax). Per-agent rewards train IAC or MAAC")
         raise ValueError(
             f"{where}: agents got different rewards {dict(rewards)}; {who} one shared reward per joint action "
-            "(the MAGRPO family: MAGRPO, MAREINFORCE, MARLOO, MAReMax). Per-agent rewards train IAC or MAAC; "
-            "otherwise give every agent the same reward"
+            f"{family}; otherwise give every agent the same reward"
         )
     return values[0]
 

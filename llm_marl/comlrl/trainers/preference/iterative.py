@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_marl.comlrl.trainers.preference.centralized import centralized_keywords, check_adapter
-from llm_marl.comlrl.trainers.preference.marlhf import RLPhaseKeywords
+from llm_marl.comlrl.trainers.preference.marlhf import CoMLRLJointText, RLPhaseKeywords
 from llm_marl.learners import preference_iter as _iter
 from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
 
@@ -53,10 +53,12 @@ class MADPOIterTrainer(CoMLRLTrain, _iter.MADPOIterTrainer):
         super().__init__(*args, **kwargs)
 
 
-class MARLHFIterTrainer(RLPhaseKeywords, CoMLRLTrain, _iter.MARLHFIterTrainer):
-    """:class:`llm_marl.learners.preference_iter.MARLHFIterTrainer` with CoMLRL's keywords and
-    ``train()``; ``metrics_callback``, ``critic_model`` and ``critics`` go to the IAC / MAAC RL
-    phase (:class:`~llm_marl.comlrl.trainers.preference.marlhf.RLPhaseKeywords`)."""
+class MARLHFIterTrainer(CoMLRLJointText, RLPhaseKeywords, CoMLRLTrain, _iter.MARLHFIterTrainer):
+    """:class:`llm_marl.learners.preference_iter.MARLHFIterTrainer` with CoMLRL's keywords,
+    ``train()`` and reward-model text
+    (:class:`~llm_marl.comlrl.trainers.preference.marlhf.CoMLRLJointText`); ``metrics_callback``,
+    ``critic_model`` and ``critics`` go to the IAC / MAAC RL phase
+    (:class:`~llm_marl.comlrl.trainers.preference.marlhf.RLPhaseKeywords`)."""
 
     config_class = MARLHFIterConfig
 

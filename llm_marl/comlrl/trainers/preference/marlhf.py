@@ -51,11 +51,25 @@ class RLPhaseKeywords:
         return getattr(config, "rl_algorithm", None)
 
 
-class MARLHFTrainer(RLPhaseKeywords, CoMLRLTrain, _reward_model.MARLHFTrainer):
-    """:class:`llm_marl.learners.reward_model.MARLHFTrainer` with CoMLRL's keywords and
-    ``train()`` (:class:`RLPhaseKeywords`)."""
+class CoMLRLJointText:
+    """CoMLRL's reward-model input (mixed in before a MARLHF trainer): each agent's prompt
+    followed by its response (:func:`~llm_marl.learners.reward_model.comlrl_joint_text`), a
+    text too long for the model cut from the right, as CoMLRL's tokenizer call does
+    (``reward_max_length``, or the model's positions when None)."""
+
+    reward_truncation_side = "right"
+
+    def _joint_text(self, node: Any, j: int) -> str:
+        acting = node.agents  # "" for an agent that does not act at this node (turn-based envs)
+        answers = [node.completions[a][node.joint[j][acting.index(a)]].text if a in acting else "" for a in self.agents]
+        return _reward_model.comlrl_joint_text([str(node.observations[a]) for a in self.agents], answers)
+
+
+class MARLHFTrainer(CoMLRLJointText, RLPhaseKeywords, CoMLRLTrain, _reward_model.MARLHFTrainer):
+    """:class:`llm_marl.learners.reward_model.MARLHFTrainer` with CoMLRL's keywords,
+    ``train()`` (:class:`RLPhaseKeywords`) and reward-model text (:class:`CoMLRLJointText`)."""
 
     config_class = MARLHFConfig
 
 
-__all__ = ["JointRewardModel", "MARLHFConfig", "MARLHFTrainer"]
+__all__ = ["CoMLRLJointText", "JointRewardModel", "MARLHFConfig", "MARLHFTrainer"]
