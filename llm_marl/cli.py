@@ -46,8 +46,10 @@ import sys
 import time
 from typing import Any, Sequence
 
-from llm_marl import assembly
+from llm_marl import assembly, cpu
 from llm_marl.assembly import SAMPLING_FIELDS  # noqa: F401 (still importable as cli.SAMPLING_FIELDS)
+
+cpu.prefer_passive_wait()  # before anything loads torch: OpenMP reads the wait policy once, when torch loads
 
 LEARNERS = {
     "magrpo": "MAGRPO",
@@ -205,6 +207,8 @@ def _add_config_flags(parser: argparse.ArgumentParser, config_class: type, learn
         if section not in groups:
             groups[section] = parser.add_argument_group(f"{config_class.__name__} (--learner {learner}): {section}")
         flags = [f"--{field.name}"] + ([f"--{field.name.replace('_', '-')}"] if "_" in field.name else [])
+        if field.name == "num_threads":
+            flags.append("--threads")
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
         text = f"{docs[field.name]} (default: {default!r})".replace("%", "%%")
         groups[section].add_argument(

@@ -137,6 +137,8 @@ class MAGRPOConfig:
     """A task error while rolling out an item: "raise" stops training; "skip" drops the item, counts and logs it."""
     progress_bar: bool = True
     """Show a tqdm progress bar during training."""
+    num_threads: int | None = None
+    """CPU threads of torch's operations (CLI --threads N); None: torch's default, fewer where torch's threads spin and other work keeps CPUs busy (llm_marl/cpu.py)."""
     report_to: Sequence[str] | str | None = None
     """Extra metric destinations: "wandb" also sends every logged metric to a W&B run (learners/logging.py)."""
     rollout_log_steps: int = 10
@@ -189,6 +191,8 @@ class MAGRPOConfig:
         _at_least(self, "rollout_log_steps", 0)
         if self.generation_batch_size is not None:
             _at_least(self, "generation_batch_size", 1)
+        if self.num_threads is not None:
+            _at_least(self, "num_threads", 1)
         if self.max_steps is not None:
             _at_least(self, "max_steps", 1)
         if self.lora_r is not None:

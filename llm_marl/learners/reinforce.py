@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from pettingzoo import ParallelEnv
 
+from llm_marl import cpu
 from llm_marl.learners.advantages import k3_kl
 from llm_marl.learners.buffer import RolloutBuffer, Sample, node_groups, samples_from_trees
 from llm_marl.learners.checks import check_horizon, check_policies, env_horizon
@@ -123,6 +124,7 @@ class MAGRPOTrainer(JointUpdate):
         if not isinstance(self.args, MAGRPOConfig):
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(self.args).__name__}")
         self.args.validate()  # again: the config may have been changed since it was constructed
+        cpu.configure_threads(self.args.num_threads)  # before any model is loaded or run
         if anchor_kwargs or env is None:
             from llm_marl.comlrl.anchor_compat import build_from_anchor_kwargs
 
