@@ -19,7 +19,13 @@ from llm_marl.envs import DialogueEnv, Utterance, make, register, registered_ids
 from llm_marl.tasks import CooperativeTask
 
 ENV_IDS = registered_ids()
-MAX_STEPS = 50  # safety cap on episode length in the replay tests
+try:
+    import pyspiel  # noqa: F401
+except ImportError:  # the OpenSpiel games need the optional "games" extra
+    from llm_marl.envs.registry import GAMES
+
+    ENV_IDS = [env_id for env_id in ENV_IDS if env_id not in GAMES]
+MAX_STEPS = 150  # safety cap on episode length in the replay tests (CoopBoxPushing-v0 plays 100 steps)
 
 
 class Riddles(CooperativeTask):

@@ -61,7 +61,7 @@ from pettingzoo import ParallelEnv
 
 from llm_marl.tasks.base import CooperativeTask
 
-__all__ = ["SHIPPED", "EnvSpec", "make", "register", "registered_ids", "resolve", "spec"]
+__all__ = ["GAMES", "SHIPPED", "EnvSpec", "make", "register", "registered_ids", "resolve", "spec"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,16 @@ SHIPPED: dict[str, tuple[str, dict[str, Any]]] = {
     "CoopCode-v0": ("llm_marl.tasks.code:CoopCodeTask", {"num_turns": 1}),
     "CoopCodeMultiTurn-v0": ("llm_marl.tasks.code:CoopCodeTask", {"num_turns": 2}),
     "NameMatch-v0": ("llm_marl.tasks.naming:NameMatch", {"num_turns": 1}),
+}
+
+# OpenSpiel games (llm_marl/envs/openspiel.py; the optional open-spiel package, extra "games"):
+# id -> (env factory, default keywords). They build envs, not tasks.
+GAMES: dict[str, tuple[str, dict[str, Any]]] = {
+    **{f"TinyHanabi-{g}-v0": ("llm_marl.envs.openspiel:tiny_hanabi", {"game": g}) for g in "ABCDEF"},
+    "Hanabi-Small-v0": ("llm_marl.envs.openspiel:hanabi_small", {}),
+    "CoopBoxPushing-v0": ("llm_marl.envs.openspiel:coop_box_pushing", {}),
+    "TradeComm-v0": ("llm_marl.envs.openspiel:trade_comm", {}),
+    "OpenSpiel-v0": ("llm_marl.envs.openspiel:OpenSpielEnv", {}),
 }
 
 _REGISTRY: dict[str, EnvSpec] = {}
@@ -261,3 +271,5 @@ def _register_entry_point(env_id: str, value: str) -> None:
 
 for _env_id, (_entry_point, _defaults) in SHIPPED.items():
     register(_env_id, _entry_point, kwargs=_defaults, task=True)
+for _env_id, (_entry_point, _defaults) in GAMES.items():
+    register(_env_id, _entry_point, kwargs=_defaults, task=False)

@@ -62,6 +62,7 @@ def evaluate(trainer: Any, num_eval_samples: int | None = None) -> dict[str, flo
     roots = [root for root in roots if root.error is None]
     trainer.recorder.evaluation(trainer.state.batch_step, roots, trainer.logger)
     metrics = episode_metrics(roots, args.num_turns, prefix="eval")
+    metrics.update(illegal_rates(roots, "eval"))
     if skip:
         metrics["eval/skipped_items"] = float(len(failed))
     if trainer.eval_logger is not None and trainer.eval_aggregator is not None and roots:
@@ -110,6 +111,22 @@ def episode_metrics(roots: Sequence[RolloutNode], num_turns: int, prefix: str) -
             metrics[f"{prefix}/turn_{t + 1}/reward_mean"] = float(np.mean(rewards[t]))
             metrics[f"{prefix}/turn_{t + 1}/expected_return"] = float(np.mean(returns[t]))
     return metrics
+
+
+def illegal_rates(roots: Sequence[RolloutNode], prefix: str) -> dict[str, float]:
+    """``{prefix}/<agent>/illegal_rate``: per agent, the share of its joint actions at the nodes
+    where it acted whose reward details name it under ``"illegal"`` (envs that report illegal
+    answers, e.g. :class:`~llm_marl.envs.openspiel.OpenSpielEnv`); {} where no env reports them."""
+    counts: dict[str, list[int]] = {}
+    for node in iter_nodes(roots):
+        for details in node.details:
+            if "illegal" not in details:
+                continue
+            for agent in node.agents:
+                seen = counts.setdefault(agent, [0, 0])
+                seen[0] += agent in details["illegal"]
+                seen[1] += 1
+    return {f"{prefix}/{agent}/illegal_rate": bad / total for agent, (bad, total) in counts.items() if total}
 
 
 def num_items(env: ParallelEnv) -> int:

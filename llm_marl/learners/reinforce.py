@@ -42,7 +42,7 @@ from llm_marl.learners.advantages import k3_kl
 from llm_marl.learners.buffer import RolloutBuffer, Sample, node_groups, samples_from_trees
 from llm_marl.learners.checks import check_horizon, check_policies, env_horizon
 from llm_marl.learners.config import MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig
-from llm_marl.learners.evaluation import episode_metrics, evaluate
+from llm_marl.learners.evaluation import episode_metrics, evaluate, illegal_rates
 from llm_marl.learners.evaluation import num_items as _num_items
 from llm_marl.learners.tree import RolloutNode, collect_trees, derive_seed, iter_nodes
 from llm_marl.learners.update import JointUpdate, _score_batches, default_optimizer  # noqa: F401 (re-exported)
@@ -354,6 +354,7 @@ class MAGRPOTrainer(JointUpdate):
             self._update_or_keep(_UnfinishedBatch(batch_step, roots, samples, elapsed, []))
         stepped = sum(len(node.joint) for node in iter_nodes(roots))
         metrics = episode_metrics(roots, args.num_turns, prefix="train")
+        metrics.update(illegal_rates(roots, "train"))
         metrics["train/env_steps_per_second"] = stepped / max(elapsed, 1e-9)
         metrics["train/skipped_items"] = self.state.skipped_items
         for sample in samples:
