@@ -203,8 +203,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "tabular log-probs over the wrong axis",
         "llm_marl/policies/tabular.py",
-        "return torch.log_softmax(self.logits[rows], dim=-1).gather(1, picks[:, None]).squeeze(1)",
-        "return torch.log_softmax(self.logits[rows], dim=0).gather(1, picks[:, None]).squeeze(1)",
+        "values = torch.log_softmax(self.logits[rows], dim=-1).gather(1, picks[:, None]).squeeze(1)",
+        "values = torch.log_softmax(self.logits[rows], dim=0).gather(1, picks[:, None]).squeeze(1)",
         ("tests/test_learners.py", "tests/test_learning.py::test_coordination_game_optimum"),
     ),
     Mutant(

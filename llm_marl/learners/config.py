@@ -112,6 +112,8 @@ class MAGRPOConfig:
     """log pi(answer): "sum" over its tokens (docs/algorithms.md §4) or their "mean" (length-normalized)."""
     max_grad_norm: float | None = None
     """Clip each agent's gradient norm to this before the step; None disables clipping."""
+    max_sampler_gap: float | None = None
+    """Stop the run (SamplerGapError) when an agent's train/<agent>/sampler_gap, the mean |log p_sampler - log p_scorer| per token, exceeds this; None: warn once past the sampler dtype's default threshold."""
     weight_decay: float = 0.0
     """AdamW weight decay of the default optimizers."""
     max_steps: int | None = None
@@ -216,6 +218,10 @@ class MAGRPOConfig:
             _finite(self, "early_termination_threshold")
         for name in ("discount", "top_p", "reference_kl_coef", "weight_decay"):
             _finite(self, name)
+        if self.max_sampler_gap is not None:
+            _finite(self, "max_sampler_gap")
+            if self.max_sampler_gap < 0:
+                raise ValueError(f"max_sampler_gap must be None or a number >= 0, got {self.max_sampler_gap!r}")
         if self.max_grad_norm is not None:
             _finite(self, "max_grad_norm")
         if not 0.0 < self.top_p <= 1.0:

@@ -25,7 +25,18 @@ from llm_marl.learners.tree import ask_team
 from llm_marl.policies.base import Policy
 from llm_marl.policies.weight_changes import optimizer_parameters, weights_changed
 
-__all__ = ["JointUpdate", "default_optimizer"]
+__all__ = ["JointUpdate", "SamplerGapError", "default_optimizer"]
+
+GAP_CAUSES = (
+    "likely causes: a sampling copy not refreshed after a weight change (bf16 shadow, packed weights; "
+    "code that writes weights outside an optimizer calls llm_marl.policies.weight_changes.weights_changed), "
+    "dropout active while scoring, sampling and scoring settings that differ (temperature, chat template, "
+    "generation_kwargs), or the rounding of a low-precision sampler"
+)
+
+
+class SamplerGapError(RuntimeError):
+    """The sampler–scorer gap of an agent exceeded ``max_sampler_gap``."""
 
 
 def default_optimizer(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.Optimizer:
@@ -127,6 +138,7 @@ class JointUpdate:
                         break
             failed = next((r.error for r in results if r.error), None)
             if not failed:
+                self._check_sampler_gaps(agents)
                 others = self._other_backwards(step)
                 failed = next((r.error for _, _, r in others if r.error), None)
             if failed:
@@ -152,6 +164,37 @@ class JointUpdate:
             optimizer.zero_grad(set_to_none=True)
             self._note(f"train/{name}/loss", result.loss)
             self._note(f"train/{name}/grad_norm", result.grad_norm)
+
+    def _check_sampler_gaps(self, agents: Sequence[str]) -> None:
+        """Log each agent's ``train/<agent>/sampler_gap`` (mean |log p_sampler - log p_scorer| per
+        token of the answers scored for this step that it sampled with the same weights; see
+        :class:`~llm_marl.policies.base.GapMeter`). Past the sampler dtype's default threshold it
+        warns once per agent; past ``max_sampler_gap`` it raises :class:`SamplerGapError` (no agent
+        is updated). Distributed: the ranks' tokens are pooled, so every rank decides alike."""
+        limit = getattr(self.args, "max_sampler_gap", None)
+        for agent in agents:
+            meter = getattr(self.policies[agent], "sampler_gap", None)
+            if meter is None:
+                continue
+            total, tokens = meter.drain()
+            if self.dist.enabled:
+                total, tokens = self.dist.sum(total), int(self.dist.sum(tokens))
+            if not tokens:
+                continue
+            gap = total / tokens
+            self._note(f"train/{agent}/sampler_gap", gap)
+            where = (
+                f"agent {agent!r}, optimizer step {self.state.global_step + 1}: the sampled tokens' log-probs "
+                f"differ from the scorer's by {gap:.3g} per token (mean |delta| over {tokens} tokens, {meter.dtype} sampler)"
+            )
+            if limit is not None and gap > limit:
+                raise SamplerGapError(f"{where}, past max_sampler_gap={limit:g}; {GAP_CAUSES}")
+            if gap > meter.threshold:
+                self._warn_once(
+                    f"sampler_gap/{agent}",
+                    f"{where}, past the default threshold {meter.threshold:g} for {meter.dtype} sampling: the answers "
+                    f"are not quite drawn from the policy being trained; {GAP_CAUSES}. max_sampler_gap stops a run instead",
+                )
 
     def _other_backwards(self, step: dict[str, list[Sample]]) -> list[tuple[str, torch.optim.Optimizer, "_Backward"]]:
         """Gradients of what else learns from this step's mini-batches, after every agent's

@@ -7,10 +7,28 @@ policies all speak this protocol, so the learners have one code path for all of 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Iterator, Protocol, Sequence, runtime_checkable
+import math
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Iterator, Protocol, Sequence, runtime_checkable
 
 import torch
+
+from llm_marl.policies.weight_changes import epoch, last_change
+
+
+@dataclass(frozen=True)
+class SamplerRecord:
+    """What the sampler saw when it drew an answer, for the sampler–scorer gap (:class:`GapMeter`)."""
+
+    sampler: tuple[str, int]
+    """The process (:data:`SESSION`) and ``id`` of the policy whose weights drew it (a team's
+    agent: its own policy); a record restored from a checkpoint in another process matches none."""
+    epoch: int
+    """The weights' change epoch at sampling time (:mod:`~llm_marl.policies.weight_changes`)."""
+    log_probs: tuple[float, ...]
+    """Per token, the sampler's log-probability of the drawn token under its temperature-scaled
+    (score temperature), untruncated distribution: what the scorer computes for the same token."""
 
 
 @dataclass(frozen=True)
@@ -22,11 +40,82 @@ class Completion:
         token_ids: the generated token ids, end-of-sequence included and padding excluded
             (language-model policies); None otherwise.
         action: the index of the answer in a fixed menu (tabular policies); None otherwise.
+        sampler: what the sampler saw (:class:`SamplerRecord`), where the policy records it;
+            not part of equality.
     """
 
     text: str
     token_ids: tuple[int, ...] | None = None
     action: int | None = None
+    sampler: SamplerRecord | None = field(default=None, compare=False, repr=False)
+
+
+SESSION = uuid.uuid4().hex
+"""This process's name in :class:`SamplerRecord` (ids and change epochs are per process)."""
+
+DEFAULT_GAP_THRESHOLDS = {"float32": 1e-3, "float64": 1e-3, "bfloat16": 0.15, "float16": 0.05}
+"""Default warning thresholds of the mean |Δ log-prob| per token, by the sampler's dtype. Measured
+(benchmarks/README.md, *bf16 sampling with exact scoring*): fp32 sampling differs from the fp32
+scorer by kernel rounding, ~1e-5 per token on SmolLM2-135M (packed fp32 weights: summation
+order, same size); bf16 sampling by ~4e-2 on SmolLM2-135M-Instruct (5e-3 on random weights).
+Each threshold leaves a margin of about 4x (bf16) to 100x (fp32) over those; a stale sampling
+copy or dropout in scoring is off by 0.1-1 nats per token."""
+
+
+class GapMeter:
+    """A policy's sampler–scorer gap: the sum of |log p_sampler − log p_scorer| over scored tokens
+    whose answer this policy sampled with the same weights it is scored with (answers scored
+    after a weight change of the policy measure its learning, not its sampler, and are left out),
+    and their count. The trainers :meth:`take` it at every optimizer step."""
+
+    def __init__(self, dtype: str = "float32") -> None:
+        self.dtype = dtype
+        """The sampler's dtype name (picks the default threshold)."""
+        self.total = 0.0
+        self.tokens = 0
+
+    def measure(self, owner: Any, parameters: Iterable[torch.Tensor], completions: Sequence["Completion"],
+                values: torch.Tensor, mask: torch.Tensor) -> None:
+        """Add the gap of those ``completions`` that ``owner`` sampled with its current weights;
+        ``values``/``mask``: the scorer's per-token log-probs ``[rows, tokens]``."""
+        rows = [i for i, c in enumerate(completions) if getattr(c, "sampler", None) is not None and c.sampler.sampler == (SESSION, id(owner))]
+        if not rows:
+            return
+        changed = max((last_change(p) for p in parameters), default=0)
+        rows = [i for i in rows if completions[i].sampler.epoch >= changed]
+        if not rows:
+            return
+        scored = values.detach()[rows].float().cpu()
+        kept = mask[rows].cpu()
+        sampled = torch.zeros_like(scored)
+        for out, i in enumerate(rows):
+            recorded = completions[i].sampler.log_probs[: scored.shape[1]]
+            sampled[out, : len(recorded)] = torch.tensor(recorded, dtype=torch.float32)
+        lengths = torch.tensor([min(len(completions[i].sampler.log_probs), scored.shape[1]) for i in rows])
+        kept = kept & (torch.arange(scored.shape[1]).unsqueeze(0) < lengths.unsqueeze(1))
+        self.total += float((scored - sampled).abs()[kept].sum())
+        self.tokens += int(kept.sum())
+
+    def drain(self) -> tuple[float, int]:
+        """``(sum of |Δ|, tokens)`` since the last call (then reset)."""
+        found = (self.total, self.tokens)
+        self.total, self.tokens = 0.0, 0
+        return found
+
+    def take(self) -> tuple[float, int] | None:
+        """``(mean |Δ| per token, tokens)`` since the last call, or None when nothing was measured."""
+        total, tokens = self.drain()
+        return (total / tokens, tokens) if tokens else None
+
+    @property
+    def threshold(self) -> float:
+        """The default warning threshold of this sampler's dtype (:data:`DEFAULT_GAP_THRESHOLDS`)."""
+        return DEFAULT_GAP_THRESHOLDS.get(self.dtype, DEFAULT_GAP_THRESHOLDS["float32"])
+
+
+def sampler_record(owner: Any, log_probs: Sequence[float]) -> SamplerRecord:
+    """A :class:`SamplerRecord` of an answer ``owner`` draws now."""
+    return SamplerRecord((SESSION, id(owner)), epoch(), tuple(float(v) if math.isfinite(v) else -1e30 for v in log_probs))
 
 
 @runtime_checkable

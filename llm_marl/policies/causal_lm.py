@@ -98,7 +98,7 @@ import torch
 
 from llm_marl import cpu
 from llm_marl.policies import sampling, scoring
-from llm_marl.policies.base import Completion
+from llm_marl.policies.base import Completion, GapMeter, sampler_record
 from llm_marl.policies.lm_runner import LowPrecisionShadow, ModelRunner, model_name
 from llm_marl.policies.packed_weights import packed_linears
 from llm_marl.policies.weight_changes import weights_changed
@@ -379,6 +379,8 @@ class CausalLMPolicy:
         self.sample_dtype = sample_dtype
         self.packed_weights = packed_weights
         self.disable_dropout = disable_dropout
+        self.sampler_gap = GapMeter()
+        """The sampler–scorer gap of this policy's answers (the trainers log and reset it)."""
         self._shadow: LowPrecisionShadow | None = None
         self.uses_chat_template = has_template if chat_template is None else chat_template
         if system_prompt is not None and not self.uses_chat_template:
@@ -608,8 +610,12 @@ class CausalLMPolicy:
     def _completion(self, generated: list[int]) -> Completion:
         return self._completions([generated])[0]
 
-    def _completions(self, rows: list[list[int]]) -> list[Completion]:
-        """Each row cut after its first eos, decoded (special tokens skipped) in one call."""
+    def _completions(
+        self, rows: list[list[int]], owners: Sequence[Any] | None = None, seen: Sequence[Sequence[float]] | None = None
+    ) -> list[Completion]:
+        """Each row cut after its first eos, decoded (special tokens skipped) in one call; with
+        ``owners`` and ``seen`` (per row, the policy that sampled it and its tokens' log-probs as
+        the sampler saw them) each carries its :class:`~llm_marl.policies.base.SamplerRecord`."""
         cut = []
         for generated in rows:
             for index, token in enumerate(generated):
@@ -618,7 +624,31 @@ class CausalLMPolicy:
                     break
             cut.append(generated)
         texts = self.tokenizer.batch_decode(cut, skip_special_tokens=True)
-        return [Completion(text=text, token_ids=tuple(ids)) for text, ids in zip(texts, cut)]
+        if owners is None or seen is None:
+            return [Completion(text=text, token_ids=tuple(ids)) for text, ids in zip(texts, cut)]
+        return [
+            Completion(text=text, token_ids=tuple(ids), sampler=None if owner is None else sampler_record(owner, seen[row][: len(ids)]))
+            for row, (text, ids, owner) in enumerate(zip(texts, cut, owners))
+        ]
+
+    def _samplers(self, routes: Sequence[str | None]) -> list[Any]:
+        """The policy each prompt's answers are drawn by (its gap meter's owner): this one; a
+        team's agents name their own (:class:`~llm_marl.policies.lora_team.AdapterPolicy`)."""
+        return [self] * len(routes)
+
+    @property
+    def sampling_dtype(self) -> str:
+        """The dtype the sampler runs in: ``sample_dtype``, else the model's (its first floating parameter's)."""
+        if self.sample_dtype:
+            return self.sample_dtype
+        dtype = next((p.dtype for p in self.model.parameters() if p.is_floating_point()), torch.float32)
+        return str(dtype).removeprefix("torch.")
+
+    def _measure_gap(self, completions: Sequence[Completion], values: torch.Tensor, mask: torch.Tensor) -> None:
+        """Feed :attr:`sampler_gap` with the scored answers this policy sampled (see
+        :class:`~llm_marl.policies.base.GapMeter`)."""
+        self.sampler_gap.dtype = self.sampling_dtype
+        self.sampler_gap.measure(self, self.parameters(), completions, values, mask)
 
     # ------------------------------------------------------------------ sampling
 
@@ -699,6 +729,14 @@ class CausalLMPolicy:
         runner = self._sampling_runner()
         new_tokens = self._max_new_tokens(input_ids.shape[1])
         packing = packed_linears(runner.model).active(len(prompts) * num_samples, new_tokens) if self.packed_weights else nullcontext()
+        seen: list[torch.Tensor] = []
+        temperature = self.effective_score_temperature
+
+        def record(logits: torch.Tensor, token: torch.Tensor) -> None:
+            # The drawn token's log-prob as the scorer defines it: temperature-scaled, untruncated.
+            scaled = logits.float() / temperature
+            seen.append(scaled.gather(-1, token.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1))
+
         with packing:
             generated = sampling.decode(
                 runner,
@@ -712,8 +750,11 @@ class CausalLMPolicy:
                 pad_token_id=self.pad_token_id,
                 draw_token=self._draw,
                 routes=self._routes(len(prompts)) if routes is None else list(routes),
+                on_step=record,
             )
-        completions = self._completions(generated)
+        owners = self._samplers([None] * len(prompts) if routes is None else list(routes))
+        rows_seen = torch.stack(seen, dim=1).tolist() if seen else [[] for _ in generated]
+        completions = self._completions(generated, [owners[i // num_samples] for i in range(len(generated))], rows_seen)
         return [completions[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
 
     def _prefill(
@@ -776,7 +817,7 @@ class CausalLMPolicy:
             )
         prompts = self.encode_prompts(observations)
         answers = [self._answer_ids(c) for c in completions]
-        return scoring.token_log_probs(
+        values, mask = scoring.token_log_probs(
             self.runner,
             prompts,
             answers,
@@ -787,6 +828,8 @@ class CausalLMPolicy:
             max_batch_tokens=self.max_batch_tokens,
             routes=self._routes(len(prompts)),
         )
+        self._measure_gap(completions, values, mask)
+        return values, mask
 
     def log_probs(
         self,

@@ -200,6 +200,10 @@ class AdapterPolicy(CausalLMPolicy):
     def _routes(self, rows: int) -> list[str]:
         return [self.adapter] * rows
 
+    def _samplers(self, routes: Sequence[str | None]) -> list[Any]:
+        """Rows routed through another agent's adapter (the team's one decode loop) were sampled by that agent."""
+        return [self if route is None else self.team.policies.get(route, self) for route in routes]
+
     def _sampling_runner(self) -> ModelRunner:
         """The team's sampling runner (:meth:`LoRATeam.sampling_runner`); ``model.generate``
         (``use_hf_generate``) always runs on the model itself."""
@@ -583,6 +587,7 @@ class LoRATeam:
             rows = slice(start, start + count)
             width = max((len(a) for a in answers[rows]), default=0)
             result[agent] = (values[rows, :width], mask[rows, :width])
+            self.policies[agent]._measure_gap(list(requests[agent][1]), *result[agent])
             start += count
         return result
 

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from llm_marl.policies.base import Completion
+from llm_marl.policies.base import Completion, GapMeter, sampler_record
 
 
 def observation_key(observation: Any) -> str:
@@ -51,6 +51,8 @@ class TabularPolicy(nn.Module):
         self.rows: dict[str, int] = {}
         self.pending: set[str] = set()
         self.generator = generator
+        self.sampler_gap = GapMeter("float32")
+        """The sampler–scorer gap of this policy's answers (exactly 0 unless the table changed unannounced)."""
 
     def add_observations(self, keys: Sequence[str]) -> None:
         """Give each new observation key a row, in sorted order."""
@@ -90,14 +92,19 @@ class TabularPolicy(nn.Module):
         """``num_samples`` answers per observation; row i draws from ``generators[i]`` when given,
         else from ``self.generator`` (or torch's global RNG)."""
         with torch.no_grad():
-            probs = torch.softmax(self._logits(observations), dim=-1)
+            logits = self._logits(observations)
+            log_probs = torch.log_softmax(logits, dim=-1)
+            probs = torch.softmax(logits, dim=-1)
             if generators is None:
                 picks = torch.multinomial(probs, num_samples, replacement=True, generator=self.generator)
             else:
                 picks = torch.stack(
                     [torch.multinomial(p, num_samples, replacement=True, generator=g) for p, g in zip(probs, generators)]
                 )
-        return [[Completion(str(self.actions[a]), action=int(a)) for a in row.tolist()] for row in picks]
+        return [
+            [Completion(str(self.actions[a]), action=int(a), sampler=sampler_record(self, [float(log_probs[i, a])])) for a in row.tolist()]
+            for i, row in enumerate(picks)
+        ]
 
     def action_of(self, completion: Completion) -> int:
         if completion.action is not None:
@@ -115,7 +122,9 @@ class TabularPolicy(nn.Module):
         self.add_observations(keys)
         rows = torch.tensor([self.rows[k] for k in keys], dtype=torch.long)
         picks = torch.tensor([self.action_of(c) for c in completions], dtype=torch.long)
-        return torch.log_softmax(self.logits[rows], dim=-1).gather(1, picks[:, None]).squeeze(1)
+        values = torch.log_softmax(self.logits[rows], dim=-1).gather(1, picks[:, None]).squeeze(1)
+        self.sampler_gap.measure(self, [self.logits], completions, values.unsqueeze(1), torch.ones(len(completions), 1, dtype=torch.bool))
+        return values
 
     def get_extra_state(self) -> dict[str, Any]:
         return {"rows": dict(self.rows)}

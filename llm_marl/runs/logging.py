@@ -11,6 +11,7 @@ Metric names (``k`` is the 1-based turn, ``A`` an agent name):
 ``train/A/advantage_std``           std of A's advantages
 ``train/A/logprob_mean``            mean log pi(answer) of A's sampled answers
 ``train/A/kl_mean``                 mean reference KL of A's answers (reference KL enabled)
+``train/A/sampler_gap``             mean abs(log p_sampler - log p_scorer) per token of A's answers
 ``train/env_steps_per_second``      joint actions stepped per second of rollout
 ``train/skipped_items``             items dropped by reward_error_policy="skip" (cumulative)
 ``eval/turn_k/reward_mean``         mean reward at turn k over the evaluated items
