@@ -10,6 +10,7 @@ of 3 rounds with lambda 1/2, oldest first: (1/8, 1/4, 1/2) / (7/8) = (1/7, 2/7, 
 
 from __future__ import annotations
 
+import json
 import math
 import random
 
@@ -174,3 +175,27 @@ def test_iterative_config_errors_name_the_field():
 
     for config_class in (MADPOIterConfig, MARLHFIterConfig):
         assert [name for name, doc in field_docs(config_class).items() if not doc] == [], config_class
+
+
+@pytest.mark.parametrize("trainer_class,config_class", [(MADPOIterTrainer, MADPOIterConfig), (MARLHFIterTrainer, MARLHFIterConfig)])
+def test_log_steps_never_go_back_across_rounds(tmp_path, trainer_class, config_class):
+    """Issue 34.6: MARLHFIter logged each round's reward-model fit at steps 0..E-1 again
+    ([0,0,1,0,1,2,3,1,0,1,4,...]), overwriting earlier rounds in TensorBoard (W&B drops them).
+    Every metric is on the train/ x-axis: the steps of each metric strictly increase."""
+    trainer = colour_iter(trainer_class, config_class, tmp_path, reward_num_train_epochs=3, logging_steps=1) \
+        if trainer_class is MARLHFIterTrainer else colour_iter(trainer_class, config_class, tmp_path, logging_steps=1)
+    trainer.train()
+    steps = [step for step, _ in trainer.logger.history]
+    assert steps == sorted(steps)
+    by_name: dict[str, list[int]] = {}
+    for step, metrics in trainer.logger.history:
+        for name in metrics:
+            by_name.setdefault(name, []).append(step)
+    for name, seen in by_name.items():
+        assert seen == sorted(set(seen)), (name, seen)
+    assert len(by_name["iter/train_preference_pairs"]) == 3 and by_name["iter/round"] == sorted(by_name["iter/round"])
+    if trainer_class is MARLHFIterTrainer:
+        assert len(by_name["reward_model/loss"]) == 3 and {"reward_model/first_epoch_loss", "reward_model/pairs"} <= set(by_name)
+    with open(tmp_path / "metrics.jsonl") as f:
+        written = [json.loads(line)["step"] for line in f]
+    assert written == sorted(written)

@@ -247,6 +247,7 @@ class MADPOIterTrainer(MADPOTrainer):
             self.buffers[agent] = RolloutBuffer()
         round_ = self.state.epoch
         chosen = _choose(args, self.rounds, current, round_)
+        self._note("iter/round", float(round_))
         self._note("iter/current_preference_pairs", float(len(current)))
         self._note("iter/train_preference_pairs", float(len(chosen)))
         trained = [a for a in self.agents if a in self.optimizers]
@@ -312,7 +313,8 @@ class MARLHFIterTrainer(MARLHFTrainer):
         """Collect the round's pairs, choose the replayed ones, and fit a fresh reward model."""
         current = self.preference_pairs(round_)
         chosen = _choose(self.args, self.rounds, current, round_)
-        self.logger.log({"iter/current_preference_pairs": float(len(current)), "iter/train_preference_pairs": float(len(chosen))}, round_)
+        self.logger.log({"iter/round": float(round_), "iter/current_preference_pairs": float(len(current)),
+                         "iter/train_preference_pairs": float(len(chosen))}, self.state.batch_step)
         if not chosen:
             raise ValueError(f"MARLHFIter round {round_}: no preference pair (every candidate pair of every item tied); raise preference_num_candidates or check the reward")
         self.reward_model.load_state_dict(self._initial_reward_state)

@@ -487,7 +487,10 @@ class MARLHFTrainer(MAGRPOTrainer):
         return pm.bradley_terry_losses(chosen, rejected).mean(), accuracy
 
     def fit_reward_model(self, pairs: Sequence[tuple[str, str]]) -> list[dict[str, float]]:
-        """``reward_num_train_epochs`` shuffled passes of the Bradley–Terry fit; per-epoch metrics."""
+        """``reward_num_train_epochs`` shuffled passes of the Bradley–Terry fit; per-epoch metrics.
+        Logged once per fit at the index of the batch being trained (the x-axis of ``train/``):
+        ``reward_model/loss`` and ``reward_model/accuracy`` of the last epoch,
+        ``reward_model/first_epoch_loss`` and ``reward_model/pairs``."""
         args, history = self.args, []
         self.reward_model.train()
         for epoch in range(args.reward_num_train_epochs):
@@ -506,11 +509,12 @@ class MARLHFTrainer(MAGRPOTrainer):
                 weights_changed(optimizer_parameters(self.reward_optimizer))
                 losses.append(loss.item())
                 accuracies.append(accuracy)
-            metrics = {"reward_model/loss": float(np.mean(losses)), "reward_model/accuracy": float(np.mean(accuracies))}
-            self.logger.log(metrics, epoch)
-            history.append(metrics)
+            history.append({"reward_model/loss": float(np.mean(losses)), "reward_model/accuracy": float(np.mean(accuracies))})
         self.reward_optimizer.zero_grad(set_to_none=True)
         self.reward_model.eval()
+        if history:  # one point per fit, on the run's x-axis (the batch being trained): steps never go back
+            self.logger.log({**history[-1], "reward_model/first_epoch_loss": history[0]["reward_model/loss"],
+                             "reward_model/pairs": float(len(pairs))}, self.state.batch_step)
         return history
 
     def _learn_reward_model(self) -> None:
