@@ -199,3 +199,22 @@ def test_log_steps_never_go_back_across_rounds(tmp_path, trainer_class, config_c
     with open(tmp_path / "metrics.jsonl") as f:
         written = [json.loads(line)["step"] for line in f]
     assert written == sorted(written)
+
+
+def test_madpo_iter_stops_at_max_steps_inside_a_round_and_resumes_exactly(tmp_path):
+    """Issue 34.7: MADPOIter trained a whole round past max_steps (max_steps=2 ran 12 steps)."""
+    settings = dict(num_train_epochs=2, train_batch_size=1, preference_pairs_per_sample=2)
+    full = colour_iter(MADPOIterTrainer, MADPOIterConfig, tmp_path / "full", **settings)
+    full.train()
+    first = colour_iter(MADPOIterTrainer, MADPOIterConfig, tmp_path / "split", max_steps=2, **settings)
+    first.train()
+    assert first.state.global_step == 2 and first.rounds.cut is not None and first.state.epoch == 0
+    again = colour_iter(MADPOIterTrainer, MADPOIterConfig, tmp_path / "split", max_steps=5, **settings)
+    again.train(resume_from_checkpoint=True)
+    assert again.state.global_step == 5
+    resumed = colour_iter(MADPOIterTrainer, MADPOIterConfig, tmp_path / "split", **settings)
+    resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == full.state.global_step > 5 and resumed.rounds.cut is None
+    for agent in full.agents:
+        assert torch.equal(full.policies[agent].logits, resumed.policies[agent].logits), agent
+    assert [len(r) for r in full.rounds.rounds] == [len(r) for r in resumed.rounds.rounds]

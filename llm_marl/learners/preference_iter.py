@@ -171,12 +171,13 @@ class _Rounds:
     def __init__(self) -> None:
         self.rounds: list[list[Any]] = []
         self.fitted = -1  # MARLHFIter: the round whose reward model is fit
+        self.cut: dict[str, Any] | None = None  # MADPOIter: a round's training stopped by max_steps (round, chosen pairs, steps done)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"rounds": self.rounds, "fitted": self.fitted}
+        return {"rounds": self.rounds, "fitted": self.fitted, "cut": self.cut}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.rounds, self.fitted = list(state["rounds"]), int(state["fitted"])
+        self.rounds, self.fitted, self.cut = list(state["rounds"]), int(state["fitted"]), state.get("cut")
 
 
 def _choose(args: Any, rounds: _Rounds, current: list[Any], round_: int) -> list[Any]:
@@ -233,32 +234,50 @@ class MADPOIterTrainer(MADPOTrainer):
     def _buffers_full(self) -> bool:
         return False  # a round trains once all of its items are collected
 
+    def _end_epoch(self) -> None:
+        """Train the round; the round counts as done unless ``max_steps`` cut its training (then
+        ``train()`` with a higher ``max_steps``, or resumed without one, finishes it first)."""
+        self._update()
+        if self.rounds.cut is None:
+            self.state.epoch += 1
+            self.state.batch_in_epoch = 0
+
     def _update(self) -> None:
         """The round's training: its pairs (one sample per pair and agent) join the kept rounds,
         the replay mode chooses the pairs, then ``num_train_epochs`` shuffled passes of
-        ``train_batch_size`` pairs per optimizer step. A step that raises (a non-finite loss)
-        ends the round's training there (the steps before it stand, no agent takes that step);
-        ``train()`` again goes on with the next round."""
+        ``train_batch_size`` pairs per optimizer step. ``max_steps`` is checked before every
+        optimizer step: reached, the rest of the round is kept (``rounds.cut``, checkpointed)
+        for the next call. A step that raises (a non-finite loss) ends the round's training
+        there (the steps before it stand, no agent takes that step); ``train()`` again goes on
+        with the next round."""
         args = self.args
-        if not any(self.buffers[a].samples for a in self.agents):
-            return
-        current = _split_pairs({a: list(self.buffers[a].samples) for a in self.agents}, self.agents)
-        for agent in self.agents:
-            self.buffers[agent] = RolloutBuffer()
-        round_ = self.state.epoch
-        chosen = _choose(args, self.rounds, current, round_)
-        self._note("iter/round", float(round_))
-        self._note("iter/current_preference_pairs", float(len(current)))
-        self._note("iter/train_preference_pairs", float(len(chosen)))
+        if self.rounds.cut is not None:
+            round_, chosen, done = self.rounds.cut["round"], self.rounds.cut["chosen"], self.rounds.cut["done"]
+        else:
+            if not any(self.buffers[a].samples for a in self.agents):
+                return
+            current = _split_pairs({a: list(self.buffers[a].samples) for a in self.agents}, self.agents)
+            for agent in self.agents:
+                self.buffers[agent] = RolloutBuffer()
+            round_, done = self.state.epoch, 0
+            chosen = _choose(args, self.rounds, current, round_)
+            self._note("iter/round", float(round_))
+            self._note("iter/current_preference_pairs", float(len(current)))
+            self._note("iter/train_preference_pairs", float(len(chosen)))
         trained = [a for a in self.agents if a in self.optimizers]
         size = args.resolved_train_batch_size
+        plan = []
         for epoch in range(args.num_train_epochs):
             order = list(range(len(chosen)))
             random.Random(derive_seed(args.seed, "preference_round_epoch", round_, epoch)).shuffle(order)
-            for start in range(0, len(order), size):
-                part = order[start : start + size]
-                self._joint_optimizer_step({a: [chosen[j][a] for j in part] for a in trained})
-                self.state.global_step += 1
+            plan += [order[start : start + size] for start in range(0, len(order), size)]
+        self.rounds.cut = None
+        for k in range(done, len(plan)):
+            if self._reached_max_steps():
+                self.rounds.cut = {"round": round_, "chosen": chosen, "done": k}
+                return
+            self._joint_optimizer_step({a: [chosen[j][a] for j in plan[k]] for a in trained})
+            self.state.global_step += 1
 
 
 def _split_pairs(samples: dict[str, list[PreferenceSample]], agents: Sequence[str]) -> list[dict[str, PreferenceSample]]:
