@@ -18,7 +18,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import print_machine  # noqa: E402
 
 SMOLLM2_135M = dict(
     vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
@@ -71,6 +75,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tiny", action="store_true", help="only the tiny shape")
     ns = parser.parse_args()
+    print_machine()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 

@@ -62,6 +62,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import print_machine  # noqa: E402
 from throughput import SMOLLM2_135M, SMALL, bench_prompts, padded_tokenizer, smol_model  # noqa: E402
 
 K = 4
@@ -314,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="cache of the tiny model whose tokenizer is used (shared with throughput.py)")
     parser.add_argument("--out", default=None, help="write the rows as JSON here")
     opts = parser.parse_args(argv)
+    print_machine()
     if opts.steps <= short_call(opts.steps):
         parser.error(f"--steps must be > {short_call(opts.steps)} (a step's time is the difference to a shorter call "
                      f"that packs its weights too: at least MIN_STEPS = {short_call(0)} tokens)")

@@ -28,6 +28,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import print_machine  # noqa: E402
 from decode import fastest  # noqa: E402
 from throughput import SMALL, SMOLLM2_135M, padded_tokenizer, smol_model  # noqa: E402
 
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--model-dir", default="/tmp/llm_marl_bench_models")
     opts = parser.parse_args(argv)
+    print_machine()
     torch.set_num_threads(1)
 
     print("| dtype | rows | no grad, strided ms | no grad, fresh ms | fwd+bwd, strided ms | fwd+bwd, fresh ms |\n|---|---|---|---|---|---|")

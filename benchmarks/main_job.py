@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import print_machine  # noqa: E402
 
 
 def run(seed: int, control: bool, overrides: dict, threads: int) -> dict:
@@ -57,6 +59,7 @@ def main() -> None:
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a MAIN_RUN option (JSON value)")
     parser.add_argument("--out", help="write the rows as JSON here")
     ns = parser.parse_args()
+    print_machine()
     overrides = {}
     for item in ns.set:
         key, _, value = item.partition("=")

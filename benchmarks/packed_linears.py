@@ -22,6 +22,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import print_machine  # noqa: E402
 from decode import fastest, read_seconds  # noqa: E402
 
 SHAPES = {
@@ -55,6 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
     import torch.nn.functional as F
 
+    from llm_marl.cpu import bf16_support
     from llm_marl.policies.packed_weights import KERNELS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -64,11 +66,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=4)
     opts = parser.parse_args(argv)
+    print_machine()
     torch.set_num_threads(opts.threads)
     print("| shape | dtype | rows | F.linear ms | packed ms | speed-up | packed, fused ms | packing ms | read floor ms | packed / floor |\n"
           "|---|---|---|---|---|---|---|---|---|---|")
     for name in opts.dtypes:
         dtype = getattr(torch, name)
+        if dtype == torch.bfloat16 and not bf16_support().runs:
+            print(f"packed_linears.py: bfloat16 skipped: no packed bf16 kernels here ({bf16_support().reason})")
+            continue
         kernel = KERNELS[dtype]
         weights = step_weights(opts.shape, dtype)
         stacked = fused(weights, SHAPES[opts.shape][3])

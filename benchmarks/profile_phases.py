@@ -34,6 +34,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import print_machine  # noqa: E402
 import throughput  # noqa: E402
 
 MARK = "PROFILE_RESULT "
@@ -135,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
             spec = json.load(handle)
         print(MARK + json.dumps(worker(spec)), flush=True)
         return 0
+    print_machine()
     cfg = throughput.parse_config(opts.config)
     built = throughput.launch(sys.executable, "build", {"model_dir": os.path.abspath(opts.model_dir), "items": opts.items,
                                                         "pretrain_steps": 60, "need_large": False,

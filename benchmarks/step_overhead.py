@@ -22,6 +22,7 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import print_machine  # noqa: E402
 from decode import fastest  # noqa: E402
 from throughput import SMOLLM2_135M  # noqa: E402
 
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rows", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--repeats", type=int, default=3)
     opts = parser.parse_args(argv)
+    print_machine()
     torch.set_num_threads(1)
 
     print("| dtype | rows | HF step ms | minimal step ms | its linears ms | max |logit diff| |\n|---|---|---|---|---|---|")

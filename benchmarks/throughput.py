@@ -752,6 +752,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()
         return 0
 
+    subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "machine.py")], check=False)
     configs = expand_configs(opts.configs or ("quick" if opts.quick else "grid"))
     ips_list = opts.items_per_step or ([1] if opts.quick else [1, 8])
     items = opts.items or (2 if opts.quick else 8)

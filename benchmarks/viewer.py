@@ -32,6 +32,9 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from machine import print_machine  # noqa: E402
 
 from llm_marl.learners.buffer import samples_from_trees  # noqa: E402
 from llm_marl.runs.recording import RolloutRecorder  # noqa: E402
@@ -128,6 +131,7 @@ def main() -> None:
     parser.add_argument("--run-dir", help="where to record (default: a temporary folder)")
     parser.add_argument("--reuse", action="store_true", help="measure the trees already recorded in --run-dir")
     ns = parser.parse_args()
+    print_machine()
     if find_chromium() is None:
         raise SystemExit("no Chromium: install the Debian package `chromium`")
     run_dir = ns.run_dir or tempfile.mkdtemp(prefix="llm-marl-viewer-bench-")
