@@ -106,11 +106,13 @@ def test_a_text_past_the_context_is_cut_from_the_left_keeping_the_readout(policy
     """CoMLRL's Q14: a prompt longer than the model's context is cut from the right, losing its
     tail (in MAAC's joint text, the later agents). Here the critic keeps the LAST context-length
     tokens, so the value is still read at the prompt's own last token."""
-    critic = CausalLMCritic.for_policy(policy, shared=False)
+    critic = CausalLMCritic.for_policy(policy, shared=False, actor_prompts=False)  # raw text (a central critic's path)
     limit = critic.context_length
     long_prompt = " ".join(f"word{i}" for i in range(limit)) + " and the end of the prompt"
     ids = policy.tokenizer(long_prompt)["input_ids"]
     assert len(ids) > limit
+    # An agent's own critic reads the prompt as its actor does (cut to leave room for an answer).
+    assert CausalLMCritic.for_policy(policy, shared=False).input_ids(long_prompt) == policy.encode_prompts([long_prompt])[0] == ids[-(limit - 1) :]
     with torch.no_grad():
         [[value]] = critic.values([long_prompt]).tolist()
     assert critic.input_ids(long_prompt) == ids[-limit:]

@@ -233,7 +233,8 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
 
             shared = not self.args.use_separate_critic
             width = self.args.value_head_hidden_dim if shared else self.args.critic_value_head_hidden_dim
-            options = dict(shared=shared, num_outputs=num_outputs, hidden_dim=width, seed=self._critic_seed(agent))
+            # An agent's own critic reads its observation as the agent does (chat template, system prompt); a central one, the joint text.
+            options = dict(shared=shared, num_outputs=num_outputs, hidden_dim=width, seed=self._critic_seed(agent), actor_prompts=not self.central)
             if isinstance(policy, AdapterPolicy):  # on the team's one base: its own adapter or a value adapter
                 return AdapterCritic.for_agent(policy, name="critic" if self.central else f"{agent}_critic", **options)
             return CausalLMCritic.for_policy(policy, **options)

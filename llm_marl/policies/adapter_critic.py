@@ -27,7 +27,7 @@ from typing import Any, Iterator, Mapping
 
 import torch
 
-from llm_marl.policies.lm_critic import HEAD_FILE, CausalLMCritic
+from llm_marl.policies.lm_critic import HEAD_FILE, CausalLMCritic, actor_prompt_encoder
 from llm_marl.policies.lm_runner import ModelRunner
 from llm_marl.policies.lora_team import AdapterPolicy, LoRATeam, adapter_parameters, save_adapter
 
@@ -72,6 +72,8 @@ class AdapterCritic(CausalLMCritic):
                                  "this team?): pass that trainer's critics as critics=, or build the trainer on a new team")
             team.add_adapter(adapter, like=policy.adapter)
         kwargs.setdefault("max_batch_size", policy.max_batch_size)
+        if kwargs.pop("actor_prompts", True):  # read an observation as the agent reads it (chat template included)
+            kwargs.setdefault("encode_prompt", actor_prompt_encoder(policy))
         return cls(team, adapter, shared=shared, **kwargs)
 
     def _make_runner(self, model: Any) -> ModelRunner:

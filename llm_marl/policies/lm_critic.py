@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import torch
 from torch import nn
@@ -53,6 +53,15 @@ def hidden_size_of(model: Any) -> int:
         if isinstance(value, int):
             return value
     raise ValueError(f"cannot find the hidden size of {type(model).__name__} (no hidden_size / n_embd in its config)")
+
+
+def actor_prompt_encoder(policy: Any) -> Callable[[Any], list[int]] | None:
+    """observation -> its prompt's token ids as ``policy`` reads them (``encode_prompts``), or
+    None for a policy without it."""
+    encode = getattr(policy, "encode_prompts", None)
+    if not callable(encode):
+        return None
+    return lambda observation: encode([observation])[0]
 
 
 class ValueHead(nn.Module):
@@ -94,6 +103,9 @@ class CausalLMCritic:
         max_batch_size: at most this many rows per forward pass; None: all at once.
         head: a ready :class:`ValueHead` (e.g. loaded); default: a fresh one.
         seed: the fresh head's initialisation seed (None: the global RNG).
+        encode_prompt: observation -> the prompt's token ids (e.g. its actor's
+            ``encode_prompts``: chat template and system prompt included, so critic and actor
+            read the same ids); None: the tokenizer on ``str(observation)``.
     """
 
     def __init__(
@@ -109,8 +121,10 @@ class CausalLMCritic:
         head: ValueHead | None = None,
         device: str | torch.device | None = None,
         seed: int | None = None,
+        encode_prompt: Callable[[Any], Sequence[int]] | None = None,
     ) -> None:
         self.model = model
+        self.encode_prompt = encode_prompt
         self.tokenizer = tokenizer
         self.num_outputs = num_outputs
         self.hidden_dim = hidden_dim
@@ -136,9 +150,12 @@ class CausalLMCritic:
         num_outputs: int = 1,
         hidden_dim: int | None = None,
         seed: int | None = None,
+        actor_prompts: bool = True,
     ) -> "CausalLMCritic":
         """A critic for a :class:`~llm_marl.policies.CausalLMPolicy`: a head on its model
-        (``shared``) or on a deep copy of it. ``seed`` initialises the head.
+        (``shared``) or on a deep copy of it. ``seed`` initialises the head. ``actor_prompts``:
+        an observation is read as the policy reads it (``policy.encode_prompts``: chat template
+        and system prompt included); False (a central critic's joint text): raw text.
 
         An agent of a :class:`~llm_marl.policies.LoRATeam` is refused: its critic reads the
         team's one base through an adapter, :meth:`~llm_marl.policies.adapter_critic.AdapterCritic.for_agent`."""
@@ -149,7 +166,7 @@ class CausalLMCritic:
                             "(llm_marl.policies.adapter_critic), which reads the team's base instead of copying it")
         model = policy.model if shared else copy.deepcopy(policy.model)
         return cls(model, policy.tokenizer, num_outputs=num_outputs, hidden_dim=hidden_dim, shared=shared,
-                   max_batch_size=getattr(policy, "max_batch_size", None), seed=seed)
+                   max_batch_size=getattr(policy, "max_batch_size", None), seed=seed, encode_prompt=actor_prompt_encoder(policy) if actor_prompts else None)
 
     # ------------------------------------------------------------------ protocol
 
@@ -171,7 +188,10 @@ class CausalLMCritic:
 
     def input_ids(self, observation: Any, completion: Completion | None = None) -> list[int]:
         """The tokens the critic reads; the value is read at the last of them."""
-        ids = list(self.tokenizer(str(observation), verbose=False)["input_ids"]) or [self.eos_token_id]
+        if self.encode_prompt is not None:
+            ids = [int(t) for t in self.encode_prompt(observation)] or [self.eos_token_id]
+        else:
+            ids = list(self.tokenizer(str(observation), verbose=False)["input_ids"]) or [self.eos_token_id]
         if completion is not None:
             if self.use_token_ids and completion.token_ids is not None:
                 ids += [int(t) for t in completion.token_ids]
