@@ -13,7 +13,9 @@ that ratio for the wait policies it is given:
   (started before it loads, killed when it ends); "quiet": none;
 - policies: ``passive`` is what the command and ``import llm_marl`` now set
   (``OMP_WAIT_POLICY=PASSIVE``); ``default`` is the old behaviour (the variable unset when torch
-  loads); ``active`` is ``OMP_WAIT_POLICY=ACTIVE``. Every run uses the same thread count,
+  loads: libgomp spins 300,000 rounds before it sleeps); ``active`` is ``OMP_WAIT_POLICY=ACTIVE``;
+  ``spin:N`` is the policy unset with ``GOMP_SPINCOUNT=N`` (a short spin, then sleep: a middle
+  way should the passive policy cost a quiet machine too much). Every run uses the same thread count,
   torch's default (or ``--threads``), set as num_threads so that llm_marl's free-CPU choice for
   spinning threads does not change it;
 - interleaved: each round runs every (policy, condition) pair once, in an order that alternates
@@ -47,6 +49,13 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 POLICIES = ("passive", "default", "active")
 
 
+def policy_name(text: str) -> str:
+    """A ``--policies`` entry: one of :data:`POLICIES` or ``spin:N``."""
+    if text in POLICIES or (text.startswith("spin:") and text[5:].isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(POLICIES)} or spin:N (GOMP_SPINCOUNT=N)")
+
+
 def worker(spec: dict) -> dict:
     """In a fresh process: build the main job's trainer and time ``train()`` (runs with --worker)."""
     import torch  # first: the wait policy in the environment is what OpenMP gets
@@ -66,16 +75,19 @@ def worker(spec: dict) -> dict:
         wall, cpu_time = time.perf_counter(), time.process_time()
         state = trainer.train()
         wall, cpu_time = time.perf_counter() - wall, time.process_time() - cpu_time
+    policy = os.environ.get("OMP_WAIT_POLICY", "<unset>") + (f", GOMP_SPINCOUNT={os.environ['GOMP_SPINCOUNT']}" if "GOMP_SPINCOUNT" in os.environ else "")
     return {"seconds": wall, "cpu_seconds": cpu_time, "steps": state.global_step, "threads": torch.get_num_threads(),
-            "wait_policy": os.environ.get("OMP_WAIT_POLICY", "<unset>")}
+            "wait_policy": policy}
 
 
 def measure(policy: str, busy: int, ns: argparse.Namespace) -> dict:
     """One worker run under ``policy`` beside ``busy`` spinning processes."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS")}
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS", "GOMP_SPINCOUNT")}
     env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
     env["TOKENIZERS_PARALLELISM"] = "false"
-    if policy != "default":
+    if policy.startswith("spin:"):
+        env["GOMP_SPINCOUNT"] = policy.split(":", 1)[1]
+    elif policy != "default":
         env["OMP_WAIT_POLICY"] = policy.upper()
     spec = {"policy": policy, "model": ns.model, "steps": ns.steps, "threads": ns.threads, "seed": ns.seed}
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
@@ -111,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=4, help="optimizer steps timed per run (default 4)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the table shows medians (default 3)")
     parser.add_argument("--busy", type=int, default=1, help="competing busy processes in the loaded runs (default 1)")
-    parser.add_argument("--policies", nargs="+", choices=POLICIES, default=["passive", "default"], help="wait policies (default passive default)")
+    parser.add_argument("--policies", nargs="+", type=policy_name, default=["passive", "default"],
+                        help="wait policies: passive, default, active, spin:N (default: passive default)")
     parser.add_argument("--model", default=None, help="None: the main job (SmolLM2-135M team); 'tiny': the tiny-model default run")
     parser.add_argument("--threads", type=int, default=None, help="num_threads for every run (default: torch's default count)")
     parser.add_argument("--seed", type=int, default=42)
@@ -128,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         for policy, busy in pairs if round_ % 2 == 0 else reversed(pairs):
             row = {"round": round_, **measure(policy, busy, ns), "load_after": round(os.getloadavg()[0], 2)}
             rows.append(row)
-            print(f"round {round_} {policy:>8} {'quiet' if busy == 0 else f'beside {busy} busy':>14}: "
+            print(f"round {round_} {policy:>11} {'quiet' if busy == 0 else f'beside {busy} busy':>14}: "
                   f"{row['seconds']:.2f} s training ({row['steps']} steps, {row['threads']} threads, "
                   f"OMP_WAIT_POLICY={row['wait_policy']}, CPU {row['cpu_seconds']:.2f} s, load {row['load_after']})", flush=True)
     print()

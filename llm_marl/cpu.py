@@ -41,7 +41,6 @@ __all__ = [
     "configure_threads",
     "cpu_flags",
     "cpu_model",
-    "describe_cpu",
     "free_cpus",
     "prefer_passive_wait",
     "relevant_flags",
@@ -99,20 +98,6 @@ def relevant_flags(flags: frozenset[str] | None = None) -> list[str]:
     return sorted(
         f for f in flags
         if f == "avx2" or f.startswith(("avx512", "amx", "avx_vnni", "avx_ne_convert")) or "bf16" in f
-    )
-
-
-def describe_cpu() -> str:
-    """One line for a benchmark's output: CPU model, CPUs usable, relevant flags, whether oneDNN's
-    bf16 kernels run, and torch's CPU capability (loads torch)."""
-    import torch
-
-    flags = relevant_flags()
-    support = bf16_support()
-    return (
-        f"CPU: {cpu_model()}, {len(_affinity())} usable CPUs; flags: {' '.join(flags) or '(none of avx2/avx512/amx/bf16)'}; "
-        f"oneDNN bf16 kernels: {'yes' if support.runs else 'no (' + support.reason + ')'}; "
-        f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}"
     )
 
 

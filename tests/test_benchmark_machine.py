@@ -55,7 +55,7 @@ def test_under_load_runs_each_worker_beside_the_busy_processes_asked_for(monkeyp
     def fake_run(command, env, **kwargs):
         spec = json.loads(command[-1])
         busy = [p for p in hogs if p.poll() is None]
-        seen.append((spec["policy"], env.get("OMP_WAIT_POLICY"), len(busy)))
+        seen.append((spec["policy"], env.get("OMP_WAIT_POLICY"), env.get("GOMP_SPINCOUNT"), len(busy)))
         row = {"seconds": 2.0 + len(busy), "cpu_seconds": 1.0, "steps": spec["steps"], "threads": 2, "wait_policy": "x"}
         return subprocess.CompletedProcess(command, 0, stdout=json.dumps(row) + "\n", stderr="")
 
@@ -69,7 +69,9 @@ def test_under_load_runs_each_worker_beside_the_busy_processes_asked_for(monkeyp
     monkeypatch.setattr(bench.subprocess, "Popen", popen)
     ns = bench.argparse.Namespace(model="tiny", steps=1, threads=None, seed=0)
     rows = [bench.measure(policy, busy, ns) for policy in ("passive", "default") for busy in (0, 2)]
-    assert seen == [("passive", "PASSIVE", 0), ("passive", "PASSIVE", 2), ("default", None, 0), ("default", None, 2)]
+    assert seen == [("passive", "PASSIVE", None, 0), ("passive", "PASSIVE", None, 2), ("default", None, None, 0), ("default", None, None, 2)]
     assert all(hog.poll() is not None for hog in hogs) and len(hogs) == 4  # every busy process is gone
+    bench.measure("spin:10000", 0, ns)
+    assert seen[-1] == ("spin:10000", None, "10000", 0)
     text = bench.table(rows, ["passive", "default"], 2)
     assert "| passive | 2.00 | 4.00 | 2.00x | 1.000 |" in text and "| default | 2.00 | 4.00 | 2.00x | 1.000 |" in text
