@@ -459,7 +459,18 @@ def run_worker(side: str, spec: dict) -> dict:
         "load1_after": os.getloadavg()[0],
         "versions": _versions(side),
         "sampled_with_copy": _sampling_copies(trainer) if side != "comlrl" else [],
+        "sampler_gap": _sampler_gap(trainer) if side != "comlrl" else None,
     }
+
+
+def _sampler_gap(trainer) -> float | None:
+    """The largest ``train/<agent>/sampler_gap`` the run logged (issue 33: a bf16 copy that
+    missed the updates shows here as a gap that grows with the steps)."""
+    history = getattr(getattr(trainer, "logger", None), "history", [])
+    found = [v for _, metrics in history for k, v in metrics.items() if k.endswith("/sampler_gap")]
+    pending = getattr(trainer, "_pending", {})
+    found += [v for k, values in pending.items() if k.endswith("/sampler_gap") for v in values]
+    return max(found) if found else None
 
 
 def _sampling_copies(trainer) -> list[str]:

@@ -611,6 +611,55 @@ MUTANTS: list[Mutant] = [
         "    return None",
         ("tests/test_causal_lm_policy.py::test_lm_head_gets_its_sliced_input_as_a_fresh_tensor",),
     ),
+    Mutant(
+        "the bf16 copy trusts torch's _version alone (a fused AdamW step is missed)",
+        "llm_marl/policies/lm_runner.py",
+        "if stamp != self._stamps[index] or last_change(parameter) > seen:",
+        "if stamp != self._stamps[index]:",
+        ("tests/test_sampler_freshness.py",),
+    ),
+    Mutant(
+        "a held pack ignores change notices",
+        "llm_marl/policies/packed_weights.py",
+        "stamp = (last_change(weight), weight._version,",
+        "stamp = (0, weight._version,",
+        ("tests/test_sampler_freshness.py::test_a_held_pack_is_made_again_after_a_change_notice",),
+    ),
+    Mutant(
+        "a broadcast announces no weight change",
+        "llm_marl/runs/distributed.py",
+        "        weights_changed(parameters)\n",
+        "",
+        ("tests/test_sampler_freshness.py::test_a_broadcast_refreshes_the_copy",),
+    ),
+    Mutant(
+        "dropout stays on in train-mode scoring (gradient checkpointing)",
+        "llm_marl/policies/causal_lm.py",
+        "        if disable_dropout:\n            _switch_off_dropout(model)",
+        "        if False:\n            _switch_off_dropout(model)",
+        ("tests/test_checkpointing_dropout.py",),
+    ),
+    Mutant(
+        "the sampler gap counts answers sampled before a weight change",
+        "llm_marl/policies/base.py",
+        "rows = [i for i in rows if completions[i].sampler.epoch >= changed]",
+        "rows = rows",
+        ("tests/test_sampler_gap.py::test_the_meter_counts_only_the_samplers_own_answers_scored_with_its_sampling_weights",),
+    ),
+    Mutant(
+        "the sampler's recorded log-probs are untempered (the scorer's are tempered)",
+        "llm_marl/policies/causal_lm.py",
+        "    scaled = logits.float() / temperature\n    return scaled.gather",
+        "    scaled = logits.float()\n    return scaled.gather",
+        ("tests/test_sampler_gap.py::test_an_lm_run_logs_a_rounding_sized_fp32_gap_and_a_bounded_bf16_gap",),
+    ),
+    Mutant(
+        "max_sampler_gap never stops a run",
+        "llm_marl/learners/update.py",
+        "if limit is not None and gap > limit:",
+        "if limit is not None and gap > 1e9:",
+        ("tests/test_sampler_gap.py::test_max_sampler_gap_stops_the_run_before_the_step",),
+    ),
 ]
 
 

@@ -92,6 +92,16 @@ def test_an_lm_run_logs_a_rounding_sized_fp32_gap_and_a_bounded_bf16_gap(model_d
     assert 1e-4 < max(found["bfloat16"]) < 0.15  # bf16 rounding of the trained weights
 
 
+def test_answers_sampled_through_hf_generate_are_measured_too(model_dir):
+    policy = CausalLMPolicy.from_pretrained(model_dir, use_hf_generate=True, **SETTINGS)
+    torch.manual_seed(2)
+    completions = [c for group in policy.sample(PROMPTS, 2) for c in group]
+    assert all(c.sampler is not None and len(c.sampler.log_probs) == len(c.token_ids) for c in completions)
+    policy.log_probs([p for p in PROMPTS for _ in range(2)], completions)
+    gap, tokens = policy.sampler_gap.take()
+    assert tokens == sum(len(c.token_ids) for c in completions) and gap < 1e-4
+
+
 def test_a_team_logs_each_agents_gap_from_its_one_scoring_forward(model_dir):
     team = LoRATeam.from_pretrained(model_dir, agents=("agent_0", "agent_1"), r=4, alpha=8, sample_dtype="bfloat16", **SETTINGS)
     trainer = MAGRPOTrainer(env=lm_env(), policies=team.policies, args=lm_config(agent_learning_rate=0.2))

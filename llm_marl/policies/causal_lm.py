@@ -188,6 +188,13 @@ def _bf16_on_cpu(model: torch.nn.Module, sample_dtype: str | None) -> bool:
     return on_cpu and (sample_dtype == "bfloat16" or any(p.dtype == torch.bfloat16 for p in params))
 
 
+def sampler_log_probs(logits: torch.Tensor, tokens: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Each row's drawn token's log-prob as the scorer defines it: under ``softmax(logits /
+    temperature)``, untruncated (top-k/top-p and the eos floor are modelled by neither)."""
+    scaled = logits.float() / temperature
+    return scaled.gather(-1, tokens.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1)
+
+
 def _dropout_rates(model: torch.nn.Module) -> dict[str, float]:
     rates: dict[str, float] = {}
     config = getattr(model, "config", None)
@@ -733,9 +740,7 @@ class CausalLMPolicy:
         temperature = self.effective_score_temperature
 
         def record(logits: torch.Tensor, token: torch.Tensor) -> None:
-            # The drawn token's log-prob as the scorer defines it: temperature-scaled, untruncated.
-            scaled = logits.float() / temperature
-            seen.append(scaled.gather(-1, token.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(scaled, dim=-1))
+            seen.append(sampler_log_probs(logits, token, temperature))
 
         with packing:
             generated = sampling.decode(
@@ -783,16 +788,23 @@ class CausalLMPolicy:
         input_ids, attention_mask = self._left_pad(prompts)
         width = input_ids.shape[1]
         config = self.generation_config(self._max_new_tokens(width), num_samples)
+        # The raw logits of every step, for the sampler's record (generation_kwargs may say otherwise).
+        config.output_logits, config.return_dict_in_generate = True, True
         model_kwargs = config.update(**self.generation_kwargs)  # the rest goes to the model
-        sequences = self._sampling_runner().model.generate(
+        output = self._sampling_runner().model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
             generation_config=config,
             **model_kwargs,
         )
-        if not isinstance(sequences, torch.Tensor):  # return_dict_in_generate via generation_kwargs
-            sequences = sequences.sequences
-        rows = self._completions(sequences[:, width:].tolist())
+        sequences = output if isinstance(output, torch.Tensor) else output.sequences
+        drawn = sequences[:, width:]
+        steps = getattr(output, "logits", None) if not isinstance(output, torch.Tensor) else None
+        seen = None
+        if steps and len(steps) == drawn.shape[1]:
+            temperature = self.effective_score_temperature
+            seen = torch.stack([sampler_log_probs(logits, drawn[:, step], temperature) for step, logits in enumerate(steps)], dim=1).tolist()
+        rows = self._completions(drawn.tolist(), self._samplers([None] * drawn.shape[0]), seen) if seen else self._completions(drawn.tolist())
         return [rows[i * num_samples : (i + 1) * num_samples] for i in range(len(prompts))]
 
     # ------------------------------------------------------------------ scoring
