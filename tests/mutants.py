@@ -597,6 +597,28 @@ MUTANTS: list[Mutant] = [
         "lambda rows, call_rows: True, 2, True),",
         ("tests/test_packed_weights.py",),
     ),
+    # --- bf16 on any CPU, threads under load (issue 32) -----------------------------------------------
+    Mutant(
+        "bf16 layers are packed whether or not the CPU runs oneDNN's bf16 kernels",
+        "llm_marl/policies/packed_weights.py",
+        "if dtype == torch.bfloat16 and not cpu.bf16_support().runs:",
+        "if False:",
+        ("tests/test_packed_weights.py",),
+    ),
+    Mutant(
+        "spinning threads keep torch's count on a busy machine",
+        "llm_marl/cpu.py",
+        "    if free >= current:",
+        "    if True:",
+        ("tests/test_threads.py",),
+    ),
+    Mutant(
+        "import llm_marl leaves the wait policy to OpenMP's spinning default",
+        "llm_marl/__init__.py",
+        '    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")',
+        "    pass",
+        ("tests/test_threads.py::test_the_library_sets_it_only_when_torch_is_not_yet_imported",),
+    ),
     Mutant(
         "a team batches only agents whose every setting matches (system prompts split the loop)",
         "llm_marl/policies/lora_team.py",
