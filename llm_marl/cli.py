@@ -485,13 +485,24 @@ def train_and_summarize(trainer: Any, options: dict[str, Any], resume: str | boo
     run_dir = trainer.args.output_dir
     if main_rank:
         print(f"llm-marl: run directory {run_dir} (TensorBoard: tensorboard --logdir {run_dir}/logs)")
-    before = trainer.evaluate() if not resume and main_rank else None
-    samples_before = _samples(trainer) if not resume and main_rank else None
+    sharded = bool(getattr(trainer, "sharded", None))  # fsdp: every rank gathers the weights, rank 0 plays
+    before = samples_before = None
+    if not resume and (main_rank or sharded):
+        before = trainer.evaluate()
+        with trainer.gathered_weights():
+            samples_before = _samples(trainer) if main_rank else None
     started = time.time()
     state = trainer.train(resume_from_checkpoint=resume)
+    if sharded:
+        after = trainer.evaluate()
+        with trainer.gathered_weights():
+            samples_after = _samples(trainer) if main_rank else None
+        trainer.save_model(os.path.join(run_dir, "final"))
     if not main_rank:
         return None
-    after = trainer.evaluate()
+    if not sharded:
+        after = trainer.evaluate()
+        samples_after = _samples(trainer)
     summary = {
         "options": dict(options),
         "seconds": round(time.time() - started, 1),
@@ -502,9 +513,10 @@ def train_and_summarize(trainer: Any, options: dict[str, Any], resume: str | boo
         "eval_after": after,
         "sample_prompts": _sample_prompts(trainer) if samples_before is not None else None,
         "samples_before": samples_before,
-        "samples_after": _samples(trainer),
+        "samples_after": samples_after,
     }
-    trainer.save_model(os.path.join(run_dir, "final"))
+    if not sharded:
+        trainer.save_model(os.path.join(run_dir, "final"))
     with open(os.path.join(run_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2, default=str)
     return summary

@@ -136,6 +136,8 @@ def rollout_samples(samples: Sequence[ACSample], agents: Sequence[str]) -> list[
 class ActorCriticTrainerBase(MAGRPOTrainer):
     """The actor-critic loop (module docstring); :class:`IACTrainer` and :class:`MAACTrainer`."""
 
+    _fsdp_supported = False  # fsdp=True: refused with a one-line error (not sharded yet)
+
     config_class = IACConfig
     central = False
 

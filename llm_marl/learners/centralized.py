@@ -180,6 +180,8 @@ class CentralizedMAGRPOTrainer(MAGRPOTrainer):
     inner env's eval split, both centralized the same way.
     """
 
+    _fsdp_supported = False  # fsdp=True: refused with a one-line error (not sharded yet)
+
     config_class = CentralizedMAGRPOConfig
 
     def __init__(self, env: Any = None, policy: Any = None, args: CentralizedMAGRPOConfig | None = None, eval_env: Any = None, *,

@@ -94,6 +94,10 @@ class MAGRPOConfig:
     """Weight of the reference KL penalty (>= 0)."""
     reference_devices: Sequence[str] | str | None = None
     """Device of each agent's frozen reference model (one entry: the same for all; default: the agent's device)."""
+    fsdp: bool = False
+    """Under torchrun: shard each full-model agent per decoder layer across the ranks (FSDP2), with its gradients and AdamW state (docs/scaling.md)."""
+    fsdp_shard_size: int | None = None
+    """With fsdp: ranks per sharding group (shard within, replicate across, a 2-D mesh); None: all ranks shard."""
 
     # --- beyond the specification ---
     seed: int = 42
@@ -236,6 +240,10 @@ class MAGRPOConfig:
             raise ValueError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
         if self.max_grad_norm is not None and self.max_grad_norm <= 0:
             raise ValueError(f"max_grad_norm must be None or > 0, got {self.max_grad_norm!r}")
+        if self.fsdp and self.parallel_training == "mp":
+            raise ValueError('fsdp=True shards each agent across torchrun ranks; parallel_training="mp" places whole agents on devices: choose one')
+        if self.fsdp_shard_size is not None:
+            _at_least(self, "fsdp_shard_size", 1)
         if self.parallel_training == "mp" and not self.agent_devices:
             raise ValueError('parallel_training="mp" needs agent_devices (one device per agent)')
         for name in ("agent_devices", "reference_devices"):

@@ -134,6 +134,8 @@ class MADPOTrainer(MAGRPOTrainer):
     Env-native: ``MADPOTrainer(env=..., policies=..., args=MADPOConfig(...), eval_env=None)``.
     """
 
+    _fsdp_supported = False  # fsdp=True: refused with a one-line error (not sharded yet)
+
     config_class = MADPOConfig
 
     def __init__(self, env: Any = None, policies: Any = None, args: MADPOConfig | None = None, eval_env: Any = None, *,

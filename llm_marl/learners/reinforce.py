@@ -49,6 +49,7 @@ from llm_marl.learners.update import JointUpdate, _score_batches, default_optimi
 from llm_marl.policies.base import Completion, Policy, token_log_probs_of
 from llm_marl.policies.reference import frozen_references
 from llm_marl.runs.distributed import DistributedContext
+from llm_marl.runs.fsdp import gathered, refuse_checkpoints, save_consolidated, shard_agents
 from llm_marl.runs.interrupt import StopRequests, TrainingInterrupted
 from llm_marl.runs.logging import RunLogger, flush_pending, open_wandb, wants_wandb
 from llm_marl.runs.recording import RolloutRecorder
@@ -98,6 +99,7 @@ class MAGRPOTrainer(JointUpdate):
     """Multi-agent GRPO: baseline = mean of the group's K returns (see the module docstring)."""
 
     config_class = MAGRPOConfig
+    _fsdp_supported = True  # whether fsdp=True shards this learner's agents (False: a one-line error)
 
     def __init__(
         self,
@@ -162,6 +164,7 @@ class MAGRPOTrainer(JointUpdate):
                 if hasattr(self.policies[agent], "to"):
                     self.policies[agent] = self.policies[agent].to(device) or self.policies[agent]
         self.dist = DistributedContext.from_environment()
+        self.sharded: dict[str, Any] = shard_agents(self, optimizers) if self.args.fsdp else {}  # agent -> ShardedModel
         self.trainable = {a: [p for p in self.policies[a].parameters() if p.requires_grad] for a in self.agents}
         if optimizers is None:
             self.optimizers = {
@@ -205,13 +208,15 @@ class MAGRPOTrainer(JointUpdate):
         args = self.args
         if self._cannot_train:
             raise ValueError(self._cannot_train)
+        refuse_checkpoints(self, checkpoint.closing_wanted(self) or bool(args.save_steps) or bool(resume_from_checkpoint))
         seed_everything(args.seed)
         path = checkpoint.claim_run_folder(self, resume_from_checkpoint)
         if path is not None:
             checkpoint.load(self, path)
             self.recorder.purge(self.state.batch_step)
         for agent in self.agents:
-            self.dist.broadcast_parameters(self.trainable[agent])
+            if agent not in self.sharded:  # sharded agents were broadcast before sharding
+                self.dist.broadcast_parameters(self.trainable[agent])
         self.logger = RunLogger(
             args.output_dir if self.dist.is_main else None,
             purge_step=self.state.batch_step if resume_from_checkpoint else None,
@@ -229,7 +234,7 @@ class MAGRPOTrainer(JointUpdate):
                     self._end_epoch()
                     self._after_batch(progress, steps_before, True)
                     continue
-                if args.eval_interval and b % args.eval_interval == 0 and self.dist.is_main and self._unfinished is None:
+                if args.eval_interval and b % args.eval_interval == 0 and (self.dist.is_main or self.sharded) and self._unfinished is None:
                     self.evaluate()
                 self._train_batch(self.dist.shard(batches[b], args.items_per_step))
                 self.state.batch_in_epoch += 1
@@ -264,8 +269,13 @@ class MAGRPOTrainer(JointUpdate):
     def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
         """Play ``num_eval_samples`` (default ``eval_num_samples``) eval items once each and return
         — and log — their metrics (:func:`llm_marl.learners.evaluation.evaluate`, which says what
-        is played and what is returned)."""
-        return evaluate(self, num_eval_samples)
+        is played and what is returned). ``fsdp=True``: every rank calls it, rank 0 plays, the others get {}."""
+        with self.gathered_weights():
+            return evaluate(self, num_eval_samples) if self.dist.is_main or not self.sharded else {}
+
+    def gathered_weights(self) -> Any:
+        """Context: sharded agents (``fsdp=True``) hold their full weights; every rank enters it."""
+        return gathered(self.sharded)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -274,11 +284,15 @@ class MAGRPOTrainer(JointUpdate):
 
     def save_model(self, output_dir: str) -> None:
         """Write each agent's policy to ``output_dir/agent_{i}`` (``save_pretrained`` where the
-        policy has it, else a torch state dict ``policy.pt``)."""
+        policy has it, else a torch state dict ``policy.pt``). With ``fsdp=True`` every rank calls
+        it; rank 0 writes each agent's consolidated weights as one Hugging Face folder."""
         for i, agent in enumerate(self.agents):
             target = os.path.join(output_dir, f"agent_{i}")
-            os.makedirs(target, exist_ok=True)
             policy = self.policies[agent]
+            if agent in self.sharded:
+                save_consolidated(self.sharded[agent], policy, target, self.dist.is_main)
+                continue
+            os.makedirs(target, exist_ok=True)
             if hasattr(policy, "save_pretrained"):
                 policy.save_pretrained(target)
             elif hasattr(policy, "state_dict"):
@@ -301,7 +315,8 @@ class MAGRPOTrainer(JointUpdate):
             self._update_or_keep(unfinished)
             self._buffer_and_update(unfinished.batch_step, unfinished.roots, unfinished.samples, unfinished.elapsed, unfinished.rest)
             return
-        roots, samples, elapsed = self._collect(indices)
+        with self.gathered_weights():  # fsdp: every rank gathers the full weights once for its rollout
+            roots, samples, elapsed = self._collect(indices)
         self._buffer_and_update(self.state.batch_step, roots, samples, elapsed, samples)
 
     def _update_or_keep(self, unfinished: _UnfinishedBatch) -> None:

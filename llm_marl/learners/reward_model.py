@@ -341,6 +341,8 @@ class MARLHFTrainer(MAGRPOTrainer):
     ``reward_model`` a :class:`JointRewardModel` (default: see ``reward_model_name``).
     """
 
+    _fsdp_supported = False  # fsdp=True: refused with a one-line error (not sharded yet)
+
     config_class = MARLHFConfig
     reward_truncation_side = "left"
     """Where the default reward model cuts a plain text too long for it (JointText: prompts only)."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -24,6 +25,8 @@ from llm_marl.learners.buffer import Sample
 from llm_marl.learners.tree import ask_team
 from llm_marl.policies.base import Policy
 from llm_marl.policies.weight_changes import optimizer_parameters, weights_changed
+from llm_marl.runs.fsdp import grad_norm as sharded_grad_norm
+from llm_marl.runs.fsdp import is_sharded
 
 __all__ = ["JointUpdate", "SamplerGapError", "default_optimizer"]
 
@@ -52,7 +55,10 @@ def default_optimizer(params: list[torch.nn.Parameter], lr: float, weight_decay:
 
 
 def _grad_norm(params: list[torch.nn.Parameter], max_norm: float | None) -> torch.Tensor:
-    """The total 2-norm of the gradients, after clipping them to ``max_norm`` when it is given."""
+    """The total 2-norm of the gradients, after clipping them to ``max_norm`` when it is given
+    (sharded ``fsdp`` gradients: over all ranks' shards, :func:`llm_marl.runs.fsdp.grad_norm`)."""
+    if any(is_sharded(p) for p in params):
+        return sharded_grad_norm(params, max_norm)
     if max_norm is not None:
         return torch.nn.utils.clip_grad_norm_(params, max_norm)
     grads = [p.grad for p in params if p.grad is not None]
@@ -248,10 +254,18 @@ class JointUpdate:
         optimizer.zero_grad(set_to_none=True)
         local = torch.zeros((), dtype=torch.float64)
         log_prob_mean = None
-        if batch:
-            loss_sum, log_prob_mean = self._loss_sum(agent, batch)
-            local = loss_sum / total
-        return self._gradient(f"agent {agent!r}", params, local, batch, log_prob_mean)
+        sharded = getattr(self, "sharded", {}).get(agent)  # fsdp: score on the gathered weights
+        try:
+            with sharded.accumulating() if sharded is not None else nullcontext():
+                if batch:
+                    loss_sum, log_prob_mean = self._loss_sum(agent, batch)
+                    local = loss_sum / total
+                if sharded is not None and local.requires_grad and torch.isfinite(local):
+                    local.backward()  # this rank's full gradient, kept locally
+        finally:
+            if sharded is not None:
+                sharded.reduce()  # every rank, whatever its batch held: reduce-scatter into the shards
+        return self._gradient(f"agent {agent!r}", params, local.detach() if sharded is not None else local, batch, log_prob_mean)
 
     def _loss_sum(self, agent: str, batch: list[Sample]) -> tuple[torch.Tensor, float]:
         """The sum over ``batch`` of each sample's loss mean_k(-A_k log pi(answer_k)), differentiable,

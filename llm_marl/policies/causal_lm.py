@@ -247,6 +247,22 @@ def _end_of_turn_id(tokenizer: Any) -> int | None:
     return int(ids[0]) if ids and int(ids[0]) in special else None
 
 
+def _unwrapped_architecture(path: Path, model: Any) -> None:
+    """Name the model's own class in a saved ``config.json`` where a wrapper subclass (FSDP's
+    ``FSDP<Class>``) was written instead."""
+    wrapped = type(model).__name__
+    own = next((c.__name__ for c in type(model).__mro__[1:] if wrapped.endswith(c.__name__) and c.__name__ != wrapped), None)
+    config = path / "config.json"
+    if own is None or not config.is_file():
+        return
+    with open(config, encoding="utf-8") as handle:
+        saved = json.load(handle)
+    if saved.get("architectures") == [wrapped]:
+        saved["architectures"] = [own]
+        with open(config, "w", encoding="utf-8") as handle:
+            json.dump(saved, handle, indent=2, sort_keys=True)
+
+
 class CausalLMPolicy:
     """A :class:`~llm_marl.policies.base.Policy` over a Hugging Face causal LM and its tokenizer.
 
@@ -497,11 +513,17 @@ class CausalLMPolicy:
         """The generation and scoring settings (JSON-serialisable), as saved with the model."""
         return {name: getattr(self, name) for name in _SETTING_NAMES}
 
-    def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
-        """Save model, tokenizer and this policy's settings; reload with :meth:`from_pretrained`."""
+    def save_pretrained(self, directory: str | os.PathLike[str], state_dict: Mapping[str, torch.Tensor] | None = None) -> Path:
+        """Save model, tokenizer and this policy's settings; reload with :meth:`from_pretrained`.
+        ``state_dict``: the weights to write instead of the model's own (e.g. an FSDP-sharded
+        model's consolidated ones); the saved config names the model's own class."""
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
-        self.model.save_pretrained(path)
+        if state_dict is None:
+            self.model.save_pretrained(path)
+        else:
+            self.model.save_pretrained(path, state_dict=dict(state_dict))
+            _unwrapped_architecture(path, self.model)
         self.tokenizer.save_pretrained(path)
         with open(path / SETTINGS_FILE, "w", encoding="utf-8") as handle:
             json.dump(self.settings(), handle, indent=2)

@@ -93,10 +93,13 @@ class DistributedContext:
         return sorted({key for part in gathered for key in part or []})
 
     def sum_gradients(self, parameters: Iterable[torch.nn.Parameter]) -> None:
-        """Sum every parameter's gradient over ranks (a missing gradient counts as zero)."""
+        """Sum every parameter's gradient over ranks (a missing gradient counts as zero). FSDP
+        shards (DTensors, ``fsdp=True``) are skipped: their reduce-scatter already summed them."""
         if not self.enabled:
             return
         for p in parameters:
+            if type(p).__name__ == "DTensor" or type(p.data).__name__ == "DTensor":
+                continue
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
             grad = p.grad.to(torch.device("cpu")) if p.grad.device.type != "cuda" else p.grad

@@ -1,0 +1,262 @@
+"""Sharded agents: FSDP2 (``torch.distributed.fsdp.fully_shard``) under torchrun (``fsdp=True``).
+
+Each trainable full-model agent is sharded per decoder layer (``fully_shard`` on every layer, then
+on the whole model) across the ranks of the torchrun group: each rank holds 1/W of every weight as
+a ``DTensor`` shard, and so 1/W of its gradient and AdamW state. The trainer reaches the weights
+only in three ways, each entered by every rank at the same point of the loop, so the collectives
+never depend on what a rank's own items look like:
+
+- **Sampling** (:meth:`ShardedModel.gathered`, once per batch's rollout and per evaluation): every
+  layer is all-gathered once (``unshard()``), the decode loop runs on the full weights as many
+  forward passes as this rank's trees need, then the layers are resharded. Peak: the full weights
+  of every sharded agent, once, on top of the shards.
+- **Scoring and the update** (:meth:`ShardedModel.accumulating` then :meth:`ShardedModel.reduce`):
+  the weights are gathered once per optimizer step, this rank's chunks are scored and
+  back-propagated locally (any number of forward/backward passes, gradient checkpointing and
+  chunking as without sharding; FSDP's per-layer gradient reduction is switched off), then ONE
+  forward/backward of a single token, whose loss is 0, lets FSDP reduce-scatter the accumulated
+  gradients layer by layer (summed, not averaged: the loss is already divided by the global
+  sample count) and reshard. Peak: the full weights and their full gradient during the step.
+- **Saving** (:func:`full_state_dict`): the consolidated weights for ``save_model``.
+
+Gradients are summed over ranks (``set_gradient_divide_factor(1.0)`` with sum-only reductions, which
+gloo needs). Tested on CPU with gloo (tests/test_fsdp.py); CUDA with NCCL is the same code path
+(``init_device_mesh("cuda")``) but untested here.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from typing import Any, Iterable, Iterator
+
+import torch
+
+__all__ = [
+    "ShardedModel",
+    "decoder_layers",
+    "full_state_dict",
+    "gathered",
+    "grad_norm",
+    "is_sharded",
+    "local_nbytes",
+    "save_consolidated",
+    "shard_agents",
+    "shard_model",
+]
+
+
+def is_sharded(tensor: Any) -> bool:
+    """Whether ``tensor`` is a DTensor (a shard of an FSDP parameter or its gradient)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # pragma: no cover - torch without DTensor
+        return False
+    return isinstance(tensor, DTensor)
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The model's repeated blocks: modules whose class is in HF's ``_no_split_modules`` (e.g.
+    ``GPT2Block``, ``LlamaDecoderLayer``), else the elements of the largest ``ModuleList`` of
+    same-class modules with parameters."""
+    names = set(getattr(model, "_no_split_modules", None) or [])
+    found = [m for m in model.modules() if type(m).__name__ in names] if names else []
+    if found:
+        return found
+    best: list[torch.nn.Module] = []
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > len(best):
+            kinds = {type(child) for child in module}
+            if len(kinds) == 1 and any(True for _ in module[0].parameters()):
+                best = list(module)
+    return best
+
+
+def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
+    """``fsdp=True``: shard every agent's model per decoder layer across the torchrun ranks
+    (:mod:`llm_marl.runs.fsdp`), after giving every rank rank 0's weights. One-line errors
+    for what is not sharded (yet)."""
+    name = type(trainer).__name__
+    if not trainer._fsdp_supported:
+        raise ValueError(f"fsdp=True is not supported by {name} yet (supported: MAGRPO, MAREINFORCE, MARLOO, MAReMax); train without fsdp")
+    if trainer.args.reference_kl_enabled:
+        raise ValueError("fsdp=True with reference_kl_enabled is not supported yet (the reference model is not sharded); set reference_kl_enabled=False or train without fsdp")
+    if trainer.args.fsdp_shard_size not in (None, trainer.dist.world_size):
+        raise ValueError(
+            f"fsdp_shard_size={trainer.args.fsdp_shard_size} (a 2-D mesh) is not supported yet; use None (shard across all {trainer.dist.world_size} ranks)"
+        )
+    if optimizers is not None:
+        raise ValueError("fsdp=True builds each agent's optimizer over its shards; pass optimizers=None")
+    for agent in trainer.agents:
+        policy = trainer.policies[agent]
+        kind = type(policy).__name__
+        if getattr(policy, "team", None) is not None:
+            raise ValueError(f"fsdp=True: agent {agent!r} is a LoRA team adapter ({kind}), not sharded yet; train the team without fsdp")
+        if not isinstance(getattr(policy, "model", None), torch.nn.Module):
+            raise ValueError(f"fsdp=True shards language-model agents; agent {agent!r} has a {kind} (train it without fsdp)")
+        own = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
+        if getattr(policy, "sample_dtype", None) not in (None, own):
+            raise ValueError(f"fsdp=True: agent {agent!r} has sample_dtype={policy.sample_dtype!r}; sample in the model's own dtype (sample_dtype=None)")
+    if not trainer.dist.enabled:
+        raise ValueError(
+            "fsdp=True needs a torchrun process group of 2+ ranks (torchrun --nproc_per_node N ...); in one process train without fsdp"
+        )
+    from torch.distributed.device_mesh import init_device_mesh
+
+    device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    mesh = init_device_mesh(device_type, (trainer.dist.world_size,))
+    sharded = {}
+    for agent in trainer.agents:
+        policy = trainer.policies[agent]
+        if device_type == "cuda":
+            policy.to(torch.device("cuda", torch.cuda.current_device()))
+        trainer.dist.broadcast_parameters(policy.model.parameters())
+        sharded[agent] = shard_model(policy.model, mesh, f"agent {agent!r}'s model")
+    return sharded
+
+
+def gathered(sharded: dict[str, "ShardedModel"]) -> ExitStack:
+    """A context in which every model of ``sharded`` holds its full weights (every rank enters it)."""
+    stack = ExitStack()
+    for model in sharded.values():
+        stack.enter_context(model.gathered())
+    return stack
+
+
+def refuse_checkpoints(trainer: Any, wanted: bool) -> None:
+    """Sharded checkpoints are not written or read yet: a one-line error where a run wants one."""
+    if trainer.sharded and wanted:
+        raise ValueError(
+            "fsdp=True does not write or resume checkpoints yet: set save_final_checkpoint=False and save_steps=0 (save_model writes the weights)"
+        )
+
+
+def save_consolidated(sharded: "ShardedModel", policy: Any, target: str, is_main: bool) -> None:
+    """Gather ``sharded``'s full weights to rank 0 (every rank calls this), which writes
+    ``policy`` to ``target`` as one Hugging Face folder holding them."""
+    import os
+
+    full = full_state_dict(sharded.model)
+    if is_main:
+        os.makedirs(target, exist_ok=True)
+        policy.save_pretrained(target, state_dict=full)
+
+
+def shard_model(model: torch.nn.Module, mesh: Any, where: str) -> "ShardedModel":
+    """``fully_shard`` each decoder layer of ``model``, then ``model`` itself, on ``mesh``
+    (in place: the module's class becomes its FSDP subclass, its parameters DTensor shards)."""
+    from torch.distributed.fsdp import fully_shard
+
+    layers = decoder_layers(model)
+    if not layers:
+        raise ValueError(f"fsdp=True: {where} has no decoder layers to shard (no _no_split_modules, no ModuleList of blocks)")
+    for layer in layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return ShardedModel(model)
+
+
+class ShardedModel:
+    """One FSDP2-sharded model and the three ways the trainer reaches it (module docstring)."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        from torch.distributed.fsdp import FSDPModule
+
+        self.model = model
+        self.units = [m for m in model.modules() if isinstance(m, FSDPModule)]
+        for unit in self.units:
+            unit.set_gradient_divide_factor(1.0)  # the loss is already a mean over all ranks' samples
+            unit.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
+            unit.set_reduce_scatter_unused_params(True, recurse=False)  # every rank reduces every parameter
+        self.gathers = 0
+        """How many times the full weights were gathered (sampling windows and update steps)."""
+
+    def _unshard(self) -> None:
+        for unit in self.units:
+            unit.set_reshard_after_forward(False, recurse=False)
+            unit.unshard()
+        self.gathers += 1
+
+    def _reshard(self) -> None:
+        for unit in self.units:
+            unit.reshard()
+            unit.set_reshard_after_forward(True, recurse=False)
+
+    @contextmanager
+    def gathered(self) -> Iterator[None]:
+        """The full weights for any number of forward passes without gradients (every rank enters)."""
+        with torch.no_grad():
+            self._unshard()
+        try:
+            yield
+        finally:
+            self._reshard()
+
+    @contextmanager
+    def accumulating(self) -> Iterator[None]:
+        """Full weights; forward/backward passes accumulate this rank's full gradients locally."""
+        with torch.no_grad():
+            self._unshard()
+        for unit in self.units:
+            unit.set_requires_gradient_sync(False, recurse=False)
+            unit.set_reshard_after_backward(False, recurse=False)
+        yield
+
+    def reduce(self) -> None:
+        """After :meth:`accumulating`: reduce-scatter (sum) every rank's gradients into the shards
+        with one zero-loss forward/backward of one token, then reshard (every rank calls it)."""
+        for unit in self.units:
+            unit.set_requires_gradient_sync(True, recurse=False)
+            unit.set_reshard_after_backward(True, recurse=False)
+        device = next(iter(self.model.parameters())).device
+        was_training = self.model.training
+        self.model.train()
+        try:
+            out = self.model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=False)
+            (out.logits.float().sum() * 0.0).backward()
+        finally:
+            self.model.train(was_training)
+            self._reshard()
+
+
+def grad_norm(params: list[torch.nn.Parameter], max_norm: float | None) -> torch.Tensor:
+    """The total 2-norm of sharded gradients (their local shards' squares summed over ranks),
+    after clipping them to ``max_norm`` like ``clip_grad_norm_`` (coefficient ``max_norm /
+    (norm + 1e-6)``, at most 1)."""
+    import torch.distributed as dist
+
+    grads = [p.grad for p in params if p.grad is not None]
+    local = [g.to_local() if is_sharded(g) else g for g in grads]
+    total = torch.zeros((), dtype=torch.float64)
+    for g in local:
+        total += g.detach().double().pow(2).sum().cpu()
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    norm = total.sqrt().float()
+    if max_norm is not None:
+        coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
+        for g in local:
+            g.detach().mul_(coefficient.to(g.device, g.dtype))
+    return norm
+
+
+def local_nbytes(tensors: Iterable[Any]) -> int:
+    """Bytes of the storages this rank holds for ``tensors`` (a DTensor's local shard; each
+    storage counted once): what the process really keeps, measured, not computed from shapes."""
+    seen: set[int] = set()
+    total = 0
+    for tensor in tensors:
+        if tensor is None or not isinstance(tensor, torch.Tensor):
+            continue
+        local = tensor.to_local() if is_sharded(tensor) else tensor
+        storage = local.untyped_storage()
+        if storage.data_ptr() in seen or storage.nbytes() == 0:
+            continue
+        seen.add(storage.data_ptr())
+        total += storage.nbytes()
+    return total
+
+
+def full_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The consolidated weights on CPU on rank 0 (empty elsewhere); every rank must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))

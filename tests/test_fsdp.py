@@ -1,0 +1,240 @@
+"""Sharded agents (``fsdp=True``): FSDP2 across 2 gloo ranks under torchrun, on a tiny GPT-2.
+
+One torchrun launch (2 ranks) trains two LM agents with MAGRPO, sharded per decoder layer; the
+same run in one process, unsharded, is the reference:
+
+* after 2 optimizer steps each agent's weights equal the unsharded run's (fp32 tolerance), with
+  gradient checkpointing on one agent, data-dependent scoring chunks (``max_batch_tokens``) on
+  the other, and gradient clipping;
+* the sampler is the trained policy: at the start of every rollout the gathered weights give a
+  fixed answer the same log-prob as the unsharded run's current weights do (so each sampling call
+  after a sharded optimizer step sees the new weights);
+* per rank, the bytes of parameters, gradients and AdamW state (measured from the local shards'
+  storages) are about half of the unsharded run's;
+* ``save_model`` writes one consolidated Hugging Face folder per agent, which reloads to the
+  trained weights.
+
+The one-line errors (``fsdp`` with "mp", with tabular policies, without a process group) need
+no launch.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from llm_marl.envs import DialogueEnv
+from llm_marl.learners import MAGRPOConfig, MAGRPOTrainer
+from llm_marl.policies.base import Completion
+from llm_marl.policies.causal_lm import CausalLMPolicy
+from llm_marl.policies.tabular import TabularPolicy
+from llm_marl.policies.tiny import build_tiny_model, default_model_dir
+from llm_marl.runs.fsdp import local_nbytes
+from llm_marl.tasks.function_task import FunctionTask
+from toy_tasks import MENU, ColourMatch
+
+torch.set_num_threads(1)
+
+TESTS = os.path.dirname(os.path.abspath(__file__))
+PROMPTS = ["The assert statement", "If the module being imported is not a top level module,", "A", "The return value"]
+PROBE = ("The assert statement", " is used")
+
+RANK_SCRIPT = r"""
+import os, sys, torch
+sys.path.insert(0, {tests!r})
+torch.set_num_threads(1)
+from test_fsdp import run
+result = run({model_dir!r}, fsdp=True, items_per_step=1, rollout_buffer_size=1, save_to={save_to!r})
+rank = int(os.environ["RANK"])
+torch.save(result, os.path.join({out!r}, f"rank{{rank}}.pt"))
+sys.stdout.flush(); sys.stderr.flush()
+os._exit(0)  # results are written: skip interpreter teardown, where gloo's threads can abort a rank
+"""
+
+
+class SeededLM(CausalLMPolicy):
+    """A policy whose answers depend only on each tree node's seed (tree.py passes generators),
+    not on which rank or batch samples them: so one process and two ranks draw the same answers."""
+
+    def sample(self, observations, num_samples, generators=None):
+        if generators is None:
+            return super().sample(observations, num_samples)
+        answers = []
+        for observation, generator in zip(observations, generators):
+            torch.manual_seed(generator.initial_seed())
+            answers += super().sample([observation], num_samples)
+        return answers
+
+
+def length_reward(a, b):
+    return [float(len(a[0]) + len(b[0]))]
+
+
+def run(model_dir, *, fsdp=False, items_per_step=2, rollout_buffer_size=2, save_to=None):
+    """Train 2 LM agents for 2 batches; returns weights, probe log-probs and measured bytes."""
+    task = FunctionTask(length_reward, lambda item: item["prompt"], dataset=[{"prompt": p} for p in PROMPTS], num_agents=2, num_turns=1)
+    settings = dict(max_new_tokens=6, temperature=1.0, top_p=None, top_k=None)
+    policies = [SeededLM.from_pretrained(model_dir, **settings), SeededLM.from_pretrained(model_dir, max_batch_tokens=24, **settings)]
+    policies[0].model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    policies[0].model.train()
+    args = MAGRPOConfig(
+        num_agents=2, num_turns=1, num_train_epochs=1, num_generations=3, max_new_tokens=6, temperature=1.0, top_p=1.0,
+        top_k=None, items_per_step=items_per_step, rollout_buffer_size=rollout_buffer_size, eval_interval=0,
+        logging_steps=1, progress_bar=False, early_termination_threshold=None, agent_learning_rate=1e-2,
+        max_grad_norm=1.0, seed=5, fsdp=fsdp, save_final_checkpoint=False,
+    )
+    trainer = MAGRPOTrainer(env=DialogueEnv(task), policies=policies, args=args)
+    probes, grad_bytes, grads = [], {}, {a: [] for a in trainer.agents}
+    collect = trainer._collect
+
+    def probed_collect(indices):
+        # inside the rollout's gathered window: what the sampler runs on right now
+        with torch.no_grad():
+            probes.append([trainer.policies[a].log_probs([PROBE[0]], [Completion(PROBE[1])]).item() for a in trainer.agents])
+        return collect(indices)
+
+    trainer._collect = probed_collect
+    grads_of = grads
+    for agent, optimizer in trainer.optimizers.items():
+        step = optimizer.step
+
+        def measured_step(*a, _agent=agent, _step=step, _optimizer=optimizer, **k):
+            grads = [p.grad for group in _optimizer.param_groups for p in group["params"]]
+            grad_bytes[_agent] = max(grad_bytes.get(_agent, 0), local_nbytes(grads))
+            full = [g.full_tensor() if hasattr(g, "full_tensor") else g.clone() for g in grads]  # every rank steps alike
+            grads_of[_agent].append(full)
+            return _step(*a, **k)
+
+        optimizer.step = measured_step
+    trainer.train()
+    gathers = {a: s.gathers for a, s in trainer.sharded.items()}
+    if fsdp:
+        from llm_marl.runs.fsdp import full_state_dict
+
+        weights = {a: full_state_dict(trainer.sharded[a].model) for a in trainer.agents}
+        with trainer.gathered_weights():  # the gathered weights are the trained ones
+            gathered = {a: {n: p.detach().clone() for n, p in trainer.policies[a].model.named_parameters()} for a in trainer.agents}
+        if save_to:
+            trainer.save_model(save_to)
+    else:
+        weights = {a: {n: p.detach().clone() for n, p in trainer.policies[a].model.named_parameters()} for a in trainer.agents}
+        gathered = weights
+    return {
+        "world_size": trainer.dist.world_size,
+        "steps": trainer.state.global_step,
+        "weights": weights,
+        "gathered": gathered,
+        "probes": probes,
+        "param_bytes": {a: local_nbytes(trainer.policies[a].model.parameters()) for a in trainer.agents},
+        "grad_bytes": grad_bytes,
+        "optimizer_bytes": {
+            a: local_nbytes(t for state in o.state.values() for t in state.values() if t.dim() > 0) for a, o in trainer.optimizers.items()
+        },
+        "gathers": gathers,
+        "grads": grads,
+    }
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    return str(build_tiny_model(default_model_dir()))
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:  # other test runs on this machine may hold a fixed port
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def test_two_sharded_ranks_train_like_one_unsharded_process(tmp_path, model_dir):
+    out, saved = tmp_path / "ranks", tmp_path / "saved"
+    out.mkdir()
+    script = tmp_path / "rank.py"
+    script.write_text(RANK_SCRIPT.format(tests=TESTS, model_dir=model_dir, out=str(out), save_to=str(saved)))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()), str(script)],
+        capture_output=True, text=True, timeout=400, env=env,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    single = run(model_dir)
+    sharded = ranks[0]
+    assert [r["world_size"] for r in ranks] == [2, 2] and single["world_size"] == 1
+    assert sharded["steps"] == single["steps"] == 2
+
+    # Each step's (clipped) gradient is the unsharded run's, to fp32 rounding.
+    for agent, steps in single["grads"].items():
+        assert len(steps) == len(sharded["grads"][agent]) == 2
+        for expected, got in zip(steps, sharded["grads"][agent]):
+            for e, g in zip(expected, got):
+                assert torch.allclose(g, e, atol=1e-6, rtol=1e-3), (agent, (g - e).abs().max().item())
+    # So are the weights after 2 AdamW steps, and training moved them. AdamW divides each
+    # gradient element by its own magnitude: where a gradient is ~0 (GPT-2's key bias, whose
+    # gradient is 0 up to rounding) rounding alone moves a weight by up to lr per step, so a few
+    # elements may differ by that much; all others agree to fp32 rounding.
+    start = CausalLMPolicy.from_pretrained(model_dir).model.state_dict()
+    lr, close, total = 1e-2, 0, 0
+    for agent, expected in single["weights"].items():
+        for name, value in expected.items():
+            for got in (sharded["weights"][agent][name], sharded["gathered"][agent][name]):
+                assert (got - value).abs().max().item() <= 2 * lr, (agent, name)
+                close += int(torch.isclose(got, value, atol=2e-5, rtol=1e-4).sum())
+                total += value.numel()
+        moved = max((expected[n] - start[n]).abs().max().item() for n in expected)
+        assert moved > 1e-3, f"{agent}'s weights did not move"
+    assert close >= 0.9995 * total, f"{total - close} of {total} weights differ beyond fp32 rounding"
+
+    # The sampler is the trained policy: each rollout's gathered weights score the probe as the
+    # unsharded run's current weights do (the probe changes between rollouts: steps in between).
+    assert len(sharded["probes"]) == len(single["probes"]) == 2
+    for got, expected in zip(sharded["probes"], single["probes"]):
+        assert got == pytest.approx(expected, abs=1e-4)
+    for before, after in zip(*sharded["probes"]):
+        assert abs(before - after) > 1e-3, "the second rollout sampled from the weights before the step"
+    assert sharded["gathers"] == {a: 4 for a in single["weights"]}  # per batch: the rollout and one step
+
+    # Per rank: about half of the unsharded bytes of parameters, gradients and AdamW state.
+    for what in ("param_bytes", "grad_bytes", "optimizer_bytes"):
+        for agent, whole in single[what].items():
+            for rank in ranks:
+                assert 0.45 * whole <= rank[what][agent] <= 0.6 * whole, (what, agent, rank[what][agent], whole)
+
+    # save_model: one consolidated Hugging Face folder per agent, from rank 0, holding the trained weights.
+    for i, agent in enumerate(single["weights"]):
+        reloaded = CausalLMPolicy.from_pretrained(saved / f"agent_{i}").model
+        assert type(reloaded).__name__ == "GPT2LMHeadModel"
+        for name, value in reloaded.state_dict().items():
+            if name in sharded["weights"][agent]:
+                assert torch.equal(value, sharded["weights"][agent][name]), (agent, name)
+
+
+def test_fsdp_with_mp_placement_is_one_line_error():
+    with pytest.raises(ValueError, match='fsdp=True .* parallel_training="mp"'):
+        MAGRPOConfig(fsdp=True, parallel_training="mp", agent_devices=["cpu", "cpu"])
+
+
+def test_fsdp_refuses_tabular_policies_and_a_missing_process_group(model_dir):
+    args = dict(num_turns=1, num_generations=2, fsdp=True, progress_bar=False)
+    with pytest.raises(ValueError, match="agent 'left' has a TabularPolicy"):
+        MAGRPOTrainer(env=DialogueEnv(ColourMatch(num_items=2, num_turns=1)), policies=[TabularPolicy(MENU), TabularPolicy(MENU)], args=MAGRPOConfig(**args))
+    lms = [CausalLMPolicy.from_pretrained(model_dir, max_new_tokens=2) for _ in range(2)]
+    with pytest.raises(ValueError, match="fsdp=True needs a torchrun process group"):
+        MAGRPOTrainer(env=DialogueEnv(ColourMatch(num_items=2, num_turns=1)), policies=lms, args=MAGRPOConfig(**args))
+    with pytest.raises(ValueError, match="fsdp=True needs a torchrun process group"):  # the CoMLRL-style constructor
+        MAGRPOTrainer(agent_model=model_dir, reward_func=length_reward, formatters=lambda item: item["prompt"],
+                      train_dataset=[{"prompt": p} for p in PROMPTS], args=MAGRPOConfig(**args))
+
+
+def test_cli_fsdp_flag_reaches_the_trainer(tmp_path, capsys):
+    from llm_marl.cli import main
+
+    code = main(["train", "--env", "ClimbingGame-v0", "--fsdp", "true", "--output_dir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert code in (1, 2) and "fsdp=True shards language-model agents" in err and "TabularPolicy" in err, err
+    assert "Traceback" not in err
