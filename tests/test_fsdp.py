@@ -11,6 +11,8 @@ same run in one process, unsharded, is the reference:
   after a sharded optimizer step sees the new weights);
 * per rank, the bytes of parameters, gradients and AdamW state (measured from the local shards'
   storages) are about half of the unsharded run's;
+* stopping after one step and resuming from the sharded checkpoint (``torch.distributed.checkpoint``)
+  gives the uninterrupted run's weights;
 * ``save_model`` writes one consolidated Hugging Face folder per agent, which reloads to the
   trained weights.
 
@@ -50,6 +52,10 @@ sys.path.insert(0, {tests!r})
 torch.set_num_threads(1)
 from test_fsdp import run
 result = run({model_dir!r}, fsdp=True, items_per_step=1, rollout_buffer_size=1, save_to={save_to!r})
+# stopped after one step (a sharded checkpoint), then resumed by a new trainer
+run({model_dir!r}, fsdp=True, items_per_step=1, rollout_buffer_size=1, output_dir={run_dir!r}, max_steps=1)
+result["checkpoint"] = sorted(os.listdir(os.path.join({run_dir!r}, "checkpoint-1", "agent_0", "shards")))
+result["resumed"] = run({model_dir!r}, fsdp=True, items_per_step=1, rollout_buffer_size=1, output_dir={run_dir!r}, resume=True)
 rank = int(os.environ["RANK"])
 torch.save(result, os.path.join({out!r}, f"rank{{rank}}.pt"))
 sys.stdout.flush(); sys.stderr.flush()
@@ -75,18 +81,23 @@ def length_reward(a, b):
     return [float(len(a[0]) + len(b[0]))]
 
 
-def run(model_dir, *, fsdp=False, items_per_step=2, rollout_buffer_size=2, save_to=None):
+def run(model_dir, *, fsdp=False, items_per_step=2, rollout_buffer_size=2, save_to=None, output_dir=None, max_steps=None, resume=None):
     """Train 2 LM agents for 2 batches; returns weights, probe log-probs and measured bytes."""
     task = FunctionTask(length_reward, lambda item: item["prompt"], dataset=[{"prompt": p} for p in PROMPTS], num_agents=2, num_turns=1)
     settings = dict(max_new_tokens=6, temperature=1.0, top_p=None, top_k=None)
     policies = [SeededLM.from_pretrained(model_dir, **settings), SeededLM.from_pretrained(model_dir, max_batch_tokens=24, **settings)]
-    policies[0].model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model = policies[0].model
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers' new name
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     policies[0].model.train()
     args = MAGRPOConfig(
         num_agents=2, num_turns=1, num_train_epochs=1, num_generations=3, max_new_tokens=6, temperature=1.0, top_p=1.0,
         top_k=None, items_per_step=items_per_step, rollout_buffer_size=rollout_buffer_size, eval_interval=0,
         logging_steps=1, progress_bar=False, early_termination_threshold=None, agent_learning_rate=1e-2,
-        max_grad_norm=1.0, seed=5, fsdp=fsdp, save_final_checkpoint=False,
+        max_grad_norm=1.0, seed=5, fsdp=fsdp, save_final_checkpoint=output_dir is not None, output_dir=output_dir,
+        max_steps=max_steps,
     )
     trainer = MAGRPOTrainer(env=DialogueEnv(task), policies=policies, args=args)
     probes, grad_bytes, grads = [], {}, {a: [] for a in trainer.agents}
@@ -111,7 +122,7 @@ def run(model_dir, *, fsdp=False, items_per_step=2, rollout_buffer_size=2, save_
             return _step(*a, **k)
 
         optimizer.step = measured_step
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     gathers = {a: s.gathers for a, s in trainer.sharded.items()}
     if fsdp:
         from llm_marl.runs.fsdp import full_state_dict
@@ -155,7 +166,7 @@ def test_two_sharded_ranks_train_like_one_unsharded_process(tmp_path, model_dir)
     out, saved = tmp_path / "ranks", tmp_path / "saved"
     out.mkdir()
     script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT.format(tests=TESTS, model_dir=model_dir, out=str(out), save_to=str(saved)))
+    script.write_text(RANK_SCRIPT.format(tests=TESTS, model_dir=model_dir, out=str(out), save_to=str(saved), run_dir=str(tmp_path / "run")))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()), str(script)],
@@ -204,6 +215,15 @@ def test_two_sharded_ranks_train_like_one_unsharded_process(tmp_path, model_dir)
         for agent, whole in single[what].items():
             for rank in ranks:
                 assert 0.45 * whole <= rank[what][agent] <= 0.6 * whole, (what, agent, rank[what][agent], whole)
+
+    # Stopped after step 1 and resumed from the sharded checkpoint (one file per rank, written by
+    # torch.distributed.checkpoint): the same weights as the uninterrupted run.
+    assert {"__0_0.distcp", "__1_0.distcp", ".metadata"} <= set(sharded["checkpoint"])
+    resumed = sharded["resumed"]
+    assert resumed["steps"] == 2 and len(resumed["probes"]) == 1  # it rolled out batch 2 only
+    for agent, weights in sharded["weights"].items():
+        for name, value in weights.items():
+            assert torch.equal(resumed["weights"][agent][name], value), (agent, name)
 
     # save_model: one consolidated Hugging Face folder per agent, from rank 0, holding the trained weights.
     for i, agent in enumerate(single["weights"]):

@@ -49,7 +49,7 @@ from llm_marl.learners.update import JointUpdate, _score_batches, default_optimi
 from llm_marl.policies.base import Completion, Policy, token_log_probs_of
 from llm_marl.policies.reference import frozen_references
 from llm_marl.runs.distributed import DistributedContext
-from llm_marl.runs.fsdp import gathered, refuse_checkpoints, save_consolidated, shard_agents
+from llm_marl.runs.fsdp import gathered, save_consolidated, shard_agents
 from llm_marl.runs.interrupt import StopRequests, TrainingInterrupted
 from llm_marl.runs.logging import RunLogger, flush_pending, open_wandb, wants_wandb
 from llm_marl.runs.recording import RolloutRecorder
@@ -208,7 +208,6 @@ class MAGRPOTrainer(JointUpdate):
         args = self.args
         if self._cannot_train:
             raise ValueError(self._cannot_train)
-        refuse_checkpoints(self, checkpoint.closing_wanted(self) or bool(args.save_steps) or bool(resume_from_checkpoint))
         seed_everything(args.seed)
         path = checkpoint.claim_run_folder(self, resume_from_checkpoint)
         if path is not None:

@@ -56,16 +56,31 @@ class CheckpointError(RuntimeError):
 
 
 def save(trainer: Any) -> str:
-    """Write a checkpoint of ``trainer`` into its output_dir and return its path."""
+    """Write a checkpoint of ``trainer`` into its output_dir and return its path. Sharded agents
+    (``fsdp=True``): every rank calls it and writes its own shards of their weights and optimizer
+    states with ``torch.distributed.checkpoint`` (``agent_{i}/shards/``); rank 0 writes the rest."""
     output_dir = trainer.args.output_dir
     if output_dir is None:
         raise CheckpointError("cannot save a checkpoint: output_dir is None")
-    os.makedirs(output_dir, exist_ok=True)
     name = f"checkpoint-{trainer.state.global_step}"
     final = os.path.join(output_dir, name)
     tmp = os.path.join(output_dir, f".tmp-{name}-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    sharded = getattr(trainer, "sharded", None) or {}
+    if trainer.dist.is_main:
+        os.makedirs(output_dir, exist_ok=True)
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    if sharded:
+        from llm_marl.runs.fsdp import save_shards, shared_value
+
+        tmp = shared_value(tmp)  # rank 0's folder, once it exists
+        for i, agent in enumerate(trainer.agents):
+            if agent in sharded:
+                save_shards(sharded[agent], trainer.optimizers.get(agent), os.path.join(tmp, f"agent_{i}", "shards"))
+        if not trainer.dist.is_main:
+            trainer.dist.barrier()  # rank 0 completes the folder
+            trainer.state.last_checkpoint = final
+            return final
     state = dataclasses.replace(trainer.state, last_checkpoint=final)
     run_id = getattr(trainer, "run_id", None)
     run = {"run_id": run_id, "saved_ns": time.time_ns()}
@@ -75,8 +90,10 @@ def save(trainer: Any) -> str:
     )
     for i, agent in enumerate(trainer.agents):
         folder = os.path.join(tmp, f"agent_{i}")
-        os.makedirs(folder)
+        os.makedirs(folder, exist_ok=True)
         policy = trainer.policies[agent]
+        if agent in sharded:
+            continue  # its weights and optimizer state are the shards written above
         if hasattr(policy, "state_dict"):
             torch.save(policy.state_dict(), os.path.join(folder, "policy.pt"))
         if agent in trainer.optimizers:
@@ -112,6 +129,8 @@ def save(trainer: Any) -> str:
     written.add(final)
     trainer.state.last_checkpoint = final
     _rotate(output_dir, trainer.args.save_total_limit, keep=final, run_id=run_id)
+    if sharded:
+        trainer.dist.barrier()
     return final
 
 
@@ -127,7 +146,7 @@ def save_closing(trainer: Any) -> str | None:
     waits for it); its path, or None."""
     if not closing_wanted(trainer):
         return None
-    path = save(trainer) if trainer.dist.is_main else None
+    path = save(trainer) if trainer.dist.is_main or getattr(trainer, "sharded", None) else None
     trainer.dist.barrier()
     return path
 
@@ -137,7 +156,7 @@ def save_if_due(trainer: Any, steps_before: int) -> str | None:
     steps (from ``steps_before``); its path, or None."""
     every = trainer.args.save_steps
     crossed = every and trainer.state.global_step // every > steps_before // every
-    if crossed and trainer.args.output_dir is not None and trainer.dist.is_main:
+    if crossed and trainer.args.output_dir is not None and (trainer.dist.is_main or getattr(trainer, "sharded", None)):
         return save(trainer)
     return None
 
@@ -220,9 +239,16 @@ def load(trainer: Any, path: str) -> None:
     for i, agent in enumerate(trainer.agents):
         folder = os.path.join(path, f"agent_{i}")
         policy = trainer.policies[agent]
-        if hasattr(policy, "load_state_dict") and os.path.exists(os.path.join(folder, "policy.pt")):
+        sharded = (getattr(trainer, "sharded", None) or {}).get(agent)
+        if sharded is not None or os.path.isdir(os.path.join(folder, "shards")):
+            if sharded is None or not os.path.isdir(os.path.join(folder, "shards")):
+                raise CheckpointError(f"{path}: agent_{i} was saved {'un' if sharded else ''}sharded; resume with fsdp={not sharded}")
+            from llm_marl.runs.fsdp import load_shards
+
+            load_shards(sharded, trainer.optimizers.get(agent), os.path.join(folder, "shards"))
+        elif hasattr(policy, "load_state_dict") and os.path.exists(os.path.join(folder, "policy.pt")):
             policy.load_state_dict(torch.load(os.path.join(folder, "policy.pt"), weights_only=False))
-        if agent in trainer.optimizers:
+        if agent in trainer.optimizers and sharded is None:
             trainer.optimizers[agent].load_state_dict(torch.load(os.path.join(folder, "optimizer.pt"), weights_only=False))
         reference = os.path.join(folder, "reference.pt")
         if trainer.reference_policies is not None and os.path.exists(reference):

@@ -17,7 +17,9 @@ never depend on what a rank's own items look like:
   forward/backward of a single token, whose loss is 0, lets FSDP reduce-scatter the accumulated
   gradients layer by layer (summed, not averaged: the loss is already divided by the global
   sample count) and reshard. Peak: the full weights and their full gradient during the step.
-- **Saving** (:func:`full_state_dict`): the consolidated weights for ``save_model``.
+- **Saving**: checkpoints write each rank's shards with ``torch.distributed.checkpoint``
+  (:func:`save_shards` / :func:`load_shards`); ``save_model`` gathers the consolidated weights to
+  rank 0 (:func:`save_consolidated`).
 
 Gradients are summed over ranks (``set_gradient_divide_factor(1.0)`` with sum-only reductions, which
 gloo needs). Tested on CPU with gloo (tests/test_fsdp.py); CUDA with NCCL is the same code path
@@ -39,7 +41,9 @@ __all__ = [
     "grad_norm",
     "is_sharded",
     "local_nbytes",
+    "load_shards",
     "save_consolidated",
+    "save_shards",
     "shard_agents",
     "shard_model",
 ]
@@ -72,9 +76,8 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
-    """``fsdp=True``: shard every agent's model per decoder layer across the torchrun ranks
-    (:mod:`llm_marl.runs.fsdp`), after giving every rank rank 0's weights. One-line errors
-    for what is not sharded (yet)."""
+    """``fsdp=True``: shard every agent's model per decoder layer across the torchrun ranks, after
+    giving every rank rank 0's weights; a one-line error for what is not sharded (yet)."""
     name = type(trainer).__name__
     if not trainer._fsdp_supported:
         raise ValueError(f"fsdp=True is not supported by {name} yet (supported: MAGRPO, MAREINFORCE, MARLOO, MAReMax); train without fsdp")
@@ -122,12 +125,35 @@ def gathered(sharded: dict[str, "ShardedModel"]) -> ExitStack:
     return stack
 
 
-def refuse_checkpoints(trainer: Any, wanted: bool) -> None:
-    """Sharded checkpoints are not written or read yet: a one-line error where a run wants one."""
-    if trainer.sharded and wanted:
-        raise ValueError(
-            "fsdp=True does not write or resume checkpoints yet: set save_final_checkpoint=False and save_steps=0 (save_model writes the weights)"
-        )
+def shared_value(value: Any) -> Any:
+    """Rank 0's ``value`` on every rank (every rank calls it)."""
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def save_shards(sharded: "ShardedModel", optimizer: Any, folder: str) -> None:
+    """Each rank writes its shards of the model's weights and the optimizer's state into
+    ``folder`` with ``torch.distributed.checkpoint`` (no rank gathers the full model)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(sharded.model, [optimizer] if optimizer is not None else [])
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
+
+
+def load_shards(sharded: "ShardedModel", optimizer: Any, folder: str) -> None:
+    """Read :func:`save_shards`' ``folder`` into this rank's shards (every rank calls it)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    optimizers = [optimizer] if optimizer is not None else []
+    model_state, optimizer_state = get_state_dict(sharded.model, optimizers)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    dcp.load(state, checkpoint_id=folder)
+    set_state_dict(sharded.model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
 def save_consolidated(sharded: "ShardedModel", policy: Any, target: str, is_main: bool) -> None:
@@ -211,7 +237,8 @@ class ShardedModel:
         was_training = self.model.training
         self.model.train()
         try:
-            out = self.model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=False)
+            token = torch.zeros((1, 1), dtype=torch.long, device=device)
+            out = self.model(input_ids=token, attention_mask=torch.ones_like(token), use_cache=False)
             (out.logits.float().sum() * 0.0).backward()
         finally:
             self.model.train(was_training)
