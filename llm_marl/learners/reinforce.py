@@ -99,7 +99,6 @@ class MAGRPOTrainer(JointUpdate):
     """Multi-agent GRPO: baseline = mean of the group's K returns (see the module docstring)."""
 
     config_class = MAGRPOConfig
-    _fsdp_supported = True  # whether fsdp=True shards this learner's agents (False: a one-line error)
 
     def __init__(
         self,
@@ -214,8 +213,7 @@ class MAGRPOTrainer(JointUpdate):
             checkpoint.load(self, path)
             self.recorder.purge(self.state.batch_step)
         for agent in self.agents:
-            if agent not in self.sharded:  # sharded agents were broadcast before sharding
-                self.dist.broadcast_parameters(self.trainable[agent])
+            self.dist.broadcast_parameters(self.trainable[agent])
         self.logger = RunLogger(
             args.output_dir if self.dist.is_main else None,
             purge_step=self.state.batch_step if resume_from_checkpoint else None,
@@ -287,12 +285,11 @@ class MAGRPOTrainer(JointUpdate):
         it; rank 0 writes each agent's consolidated weights as one Hugging Face folder."""
         for i, agent in enumerate(self.agents):
             target = os.path.join(output_dir, f"agent_{i}")
+            os.makedirs(target, exist_ok=True)
             policy = self.policies[agent]
             if agent in self.sharded:
                 save_consolidated(self.sharded[agent], policy, target, self.dist.is_main)
-                continue
-            os.makedirs(target, exist_ok=True)
-            if hasattr(policy, "save_pretrained"):
+            elif hasattr(policy, "save_pretrained"):
                 policy.save_pretrained(target)
             elif hasattr(policy, "state_dict"):
                 torch.save(policy.state_dict(), os.path.join(target, "policy.pt"))

@@ -84,6 +84,9 @@ class JointUpdate:
     """The update half of a trainer (module docstring). Needs ``args``, ``agents``, ``policies``,
     ``buffers``, ``optimizers``, ``trainable``, ``dist``, ``state`` and ``_note``/``_last_good``."""
 
+    _fsdp_supported = True
+    """Whether ``fsdp=True`` shards this learner's agents (False: a one-line error; llm_marl/runs/fsdp.py)."""
+
     def _buffers_full(self) -> bool:
         return all(len(self.buffers[a]) >= self.args.rollout_buffer_size for a in self.agents)
 

@@ -98,7 +98,7 @@ class DistributedContext:
         if not self.enabled:
             return
         for p in parameters:
-            if type(p).__name__ == "DTensor" or type(p.data).__name__ == "DTensor":
+            if _is_shard(p):
                 continue
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -109,10 +109,11 @@ class DistributedContext:
 
     def broadcast_parameters(self, parameters: Iterable[torch.nn.Parameter]) -> None:
         """Make every rank start from rank 0's weights (a change notice for every sampling copy:
-        a write through ``p.data`` bumps no ``p._version``)."""
+        a write through ``p.data`` bumps no ``p._version``). FSDP shards (DTensors, ``fsdp=True``)
+        are skipped: they were broadcast before sharding, and each rank holds its own part."""
         if not self.enabled:
             return
-        parameters = list(parameters)
+        parameters = [p for p in parameters if not _is_shard(p)]
         with torch.no_grad():
             for p in parameters:
                 dist.broadcast(p.data, src=0)
@@ -121,6 +122,11 @@ class DistributedContext:
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
+
+
+def _is_shard(p: torch.Tensor) -> bool:
+    """Whether ``p`` is an FSDP shard (a DTensor parameter)."""
+    return type(p).__name__ == "DTensor" or type(p.data).__name__ == "DTensor"
 
 
 def _leave_process_group() -> None:

@@ -159,11 +159,8 @@ def load_shards(sharded: "ShardedModel", optimizer: Any, folder: str) -> None:
 def save_consolidated(sharded: "ShardedModel", policy: Any, target: str, is_main: bool) -> None:
     """Gather ``sharded``'s full weights to rank 0 (every rank calls this), which writes
     ``policy`` to ``target`` as one Hugging Face folder holding them."""
-    import os
-
     full = full_state_dict(sharded.model)
     if is_main:
-        os.makedirs(target, exist_ok=True)
         policy.save_pretrained(target, state_dict=full)
 
 
