@@ -218,3 +218,29 @@ def test_madpo_iter_stops_at_max_steps_inside_a_round_and_resumes_exactly(tmp_pa
     for agent in full.agents:
         assert torch.equal(full.policies[agent].logits, resumed.policies[agent].logits), agent
     assert [len(r) for r in full.rounds.rounds] == [len(r) for r in resumed.rounds.rounds]
+
+
+def test_log_steps_never_go_back_for_every_learner(tmp_path):
+    """Issue 34.6, the other learners: every metric's steps strictly increase on one x-axis."""
+    from llm_marl.learners import IACConfig, IACTrainer, MAGRPOConfig, MAGRPOTrainer
+    from llm_marl.learners.preference import MADPOConfig, MADPOTrainer
+    from llm_marl.learners.reward_model import MARLHFConfig, MARLHFTrainer
+
+    common = dict(num_train_epochs=2, eval_interval=2, eval_num_samples=2, logging_steps=1, progress_bar=False, seed=1, num_turns=1)
+    runs = [
+        (MAGRPOTrainer, MAGRPOConfig(num_generations=2, **common)),
+        (IACTrainer, IACConfig(num_generations=2, **common)),
+        (MADPOTrainer, MADPOConfig(preference_num_candidates=2, **common)),
+        (MARLHFTrainer, MARLHFConfig(preference_num_candidates=2, num_generations=2, reward_num_train_epochs=3, **common)),
+        (MARLHFTrainer, MARLHFConfig(rl_algorithm="iac", preference_num_candidates=2, num_generations=2, **common)),
+    ]
+    for trainer_class, args in runs:
+        trainer = trainer_class(env=DialogueEnv(ColourMatch(num_items=4, num_turns=1)), policies=[TabularPolicy(COLOURS), TabularPolicy(COLOURS)], args=args)
+        trainer.train()
+        by_name: dict[str, list[int]] = {}
+        for step, metrics in trainer.logger.history:
+            for name in metrics:
+                by_name.setdefault(name, []).append(step)
+        assert [s for s, _ in trainer.logger.history] == sorted(s for s, _ in trainer.logger.history), trainer_class.__name__
+        for name, seen in by_name.items():
+            assert seen == sorted(set(seen)), (trainer_class.__name__, name, seen)
