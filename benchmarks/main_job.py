@@ -36,7 +36,8 @@ def run(seed: int, control: bool, overrides: dict, threads: int) -> dict:
 
     torch.set_num_threads(threads)
     with tempfile.TemporaryDirectory(prefix="main-job-") as out:
-        options = {**MAIN_RUN, "seed": seed, "output_dir": out, "progress_bar": False, "rollout_log_steps": 0, **overrides}
+        options = {**MAIN_RUN, "seed": seed, "output_dir": out, "progress_bar": False, "rollout_log_steps": 0,
+                   "num_threads": threads, **overrides}  # exactly --threads (llm_marl.cpu would trim spinning threads under load)
         started = time.time()
         trainer = build_trainer(options)
         before = trainer.evaluate()["eval/turn_1/reward_mean"]
