@@ -82,6 +82,15 @@ special tokens again, once per prompt, and those very ids are what sampling and 
 template's end-of-turn token (the special token the template writes right after an assistant
 message, e.g. ChatML's ``<|im_end|>``) ends an answer, ahead of the tokenizer's eos.
 
+Sampler records. Every sampled answer carries its tokens' log-probs as the sampler saw them
+(``Completion.sampler``, :func:`sampler_log_probs`: under ``softmax(logits / score
+temperature)``, untruncated, exactly what scoring computes; through ``model.generate`` from its
+raw per-step logits). Scoring an answer this policy sampled with unchanged weights adds
+|Δ log-prob| per token to :attr:`CausalLMPolicy.sampler_gap`
+(:class:`~llm_marl.policies.base.GapMeter`), which the trainers log as
+``train/<agent>/sampler_gap``: rounding-sized in fp32 (~1e-5), ~4e-2 for a bf16 sampler on
+SmolLM2-135M, and large when the sampler is not the scored policy (a stale copy, dropout).
+
 Sampling uses torch's global RNG (the trainer seeds it), so seeded runs repeat.
 """
 
