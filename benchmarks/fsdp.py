@@ -97,6 +97,10 @@ def main() -> None:
     args = parser.parse_args()
     if args.worker:
         return worker(args)
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from machine import print_machine
+
+    print_machine()
     results = []
     for fsdp in (False, True):
         result = f"{args.out}.{'fsdp' if fsdp else 'dp'}.json"
