@@ -13,8 +13,8 @@ agents for three optimizer steps on a tiny GPT-2 and checks the invariants:
   agents in one forward);
 - every logged value and every parameter is finite.
 
-CI runs the cells of :data:`FAST` (``torchrun`` only False: a torchrun cell starts two
-processes); the set over every declared value is marked ``slow``. To add an option: add its
+CI runs the cells of :data:`FAST` (``torchrun`` and ``fsdp`` only False: a torchrun cell starts
+two processes); the set over every declared value is marked ``slow``. To add an option: add its
 name and values to :data:`OPTIONS` (the first value is the default), exclude impossible pairs in
 :func:`valid`, and apply it in :func:`build` — the generator covers its pairs with every other
 option, and the cell count grows by a few cells at most.
@@ -55,10 +55,11 @@ OPTIONS: dict[str, tuple] = {
     "dropout": (0.0, 0.1),  # the model's dropout rates (switched off by the policies)
     "resume": (False, True),
     "torchrun": (False, True),
+    "fsdp": (False, True),  # agents sharded with FSDP2 across the torchrun ranks
 }
 """The declaration: option -> its values (the first is the default)."""
 
-FAST = {"torchrun": (False,)}
+FAST = {"torchrun": (False,), "fsdp": (False,)}
 """The values CI's cells take (the slow set takes every declared value)."""
 
 
@@ -70,6 +71,10 @@ def valid(cell: dict) -> bool:
         return False  # the MAGRPO and preference families need one shared reward
     if cell.get("torchrun") and cell.get("learner", "magrpo") == "madpo":
         return False  # not run distributed here (its pair store is per process)
+    if cell.get("fsdp") and (not cell.get("torchrun", True) or cell.get("learner", "magrpo") != "magrpo"
+                             or cell.get("policy", "full") != "full" or cell.get("sample_dtype") is not None
+                             or cell.get("gradient_checkpointing") or cell.get("per_agent_rewards")):
+        return False  # fsdp: full-model MAGRPO agents under torchrun, sampled in their own dtype
     return True
 
 
@@ -132,7 +137,7 @@ def build(cell: dict, dirs: dict, output_dir: str | None, **overrides):
     common = dict(num_agents=2, num_turns=1, num_train_epochs=2, max_steps=3, rollout_buffer_size=1, eval_interval=0,
                   early_termination_threshold=None, agent_learning_rate=5e-2, logging_steps=1, progress_bar=False, seed=3,
                   output_dir=output_dir, save_steps=1 if output_dir else 0, max_new_tokens=12, temperature=0.9, top_p=0.95,
-                  top_k=None, rollout_log_steps=0)
+                  top_k=None, rollout_log_steps=0, fsdp=cell.get("fsdp", False))
     common.update(overrides)
     if cell["learner"] == "magrpo":
         trainer_class, args = MAGRPOTrainer, MAGRPOConfig(num_generations=2, **common)
@@ -144,7 +149,11 @@ def build(cell: dict, dirs: dict, output_dir: str | None, **overrides):
 
 
 def states(trainer) -> dict[str, dict[str, torch.Tensor]]:
-    return {a: {n: t.detach().clone() for n, t in trainer.policies[a].state_dict().items()} for a in trainer.agents}
+    """Each agent's weights (fsdp: the full tensors, gathered on every rank alike)."""
+    def full(t):
+        return t.full_tensor() if hasattr(t, "full_tensor") else t.detach().clone()
+
+    return {a: {n: full(t) for n, t in trainer.policies[a].state_dict().items()} for a in trainer.agents}
 
 
 def check_invariants(cell: dict, trainer) -> dict:
@@ -153,8 +162,8 @@ def check_invariants(cell: dict, trainer) -> dict:
     logged = [(name, value) for _, metrics in trainer.logger.history for name, value in metrics.items()]
     bad = [(n, v) for n, v in logged if not math.isfinite(v)]
     assert not bad, f"non-finite metrics {bad[:3]}"
-    for agent in trainer.agents:
-        assert all(torch.isfinite(p).all() for p in trainer.policies[agent].parameters()), agent
+    for agent in trainer.agents:  # fsdp: each rank checks its shards
+        assert all(torch.isfinite(getattr(p, "to_local", lambda: p)()).all() for p in trainer.policies[agent].parameters()), agent
     assert trainer.state.global_step == 3
     # the sampler is the trained policy
     tolerance = DEFAULT_GAP_THRESHOLDS["bfloat16" if cell["sample_dtype"] else "float32"]
@@ -162,13 +171,16 @@ def check_invariants(cell: dict, trainer) -> dict:
     assert gaps and max(gaps) <= tolerance, f"sampler gaps {gaps} past {tolerance}"
     torch.manual_seed(0)
     for agent in trainer.agents:
-        trainer.policies[agent].sample(PROMPTS[:1], 2)
+        with trainer.gathered_weights():  # fsdp: every rank gathers the full weights to sample
+            trainer.policies[agent].sample(PROMPTS[:1], 2)
         shadow = getattr(getattr(trainer.policies[agent], "team", None) or trainer.policies[agent], "_shadow", None)
         assert (shadow is not None) == bool(cell["sample_dtype"])
         if shadow is not None:
             twins = dict(shadow.model.named_parameters())
             stale = [n for n, p in shadow.source.named_parameters() if not torch.equal(twins[n], p.detach().to(shadow.dtype))]
             assert not stale, f"sampling copy stale in {stale[:3]}"
+    if trainer.sharded:
+        return {"gaps": gaps}  # fsdp: separate full models (no team), nothing shared a gradient could leak through
     # no gradient reaches another agent's parameters (the trainers' scoring path)
     torch.manual_seed(1)
     batches = {}
