@@ -6,7 +6,7 @@ cells: every pair of values of two options meets in at least one cell. Each cell
 agents for three optimizer steps on a tiny GPT-2 and checks the invariants:
 
 - the sampler is the trained policy: a bf16 sampling copy equals the trained weights cast to
-  bf16 after training, and every logged ``train/<agent>/sampler_gap`` is within the sampler
+  bf16 after every optimizer step, and every logged ``train/<agent>/sampler_gap`` is within the sampler
   dtype's tolerance (:data:`~llm_marl.policies.base.DEFAULT_GAP_THRESHOLDS`);
 - stop and resume equals an uninterrupted run (cells with ``resume``);
 - no gradient reaches another agent's parameters (the trainers' own scoring path: a team's
@@ -148,6 +148,36 @@ def build(cell: dict, dirs: dict, output_dir: str | None, **overrides):
     return trainer_class(env=DialogueEnv(task), policies=policies, args=args)
 
 
+def shadow_of(policy):
+    """The policy's bf16 sampling copy (a team's, for an adapter agent), or None."""
+    return getattr(getattr(policy, "team", None) or policy, "_shadow", None)
+
+
+def assert_sampler_is_current(trainer) -> None:
+    """The copy the next sampling call uses equals the trained weights cast to its dtype."""
+    for agent in trainer.agents:
+        policy = trainer.policies[agent]
+        if shadow_of(policy) is None:
+            continue
+        policy._sampling_runner()  # what a sampling call does first
+        shadow = shadow_of(policy)
+        twins = dict(shadow.model.named_parameters())
+        stale = [n for n, p in shadow.source.named_parameters() if not torch.equal(twins[n], p.detach().to(shadow.dtype))]
+        assert not stale, f"after optimizer step {trainer.state.global_step + 1}: {agent}'s sampling copy stale in {stale[:3]}"
+
+
+def watch_sampler(trainer):
+    """Check :func:`assert_sampler_is_current` after every optimizer step of ``trainer``."""
+    step = trainer._joint_optimizer_step
+
+    def checked(batches):
+        step(batches)
+        assert_sampler_is_current(trainer)
+
+    trainer._joint_optimizer_step = checked
+    return trainer
+
+
 def states(trainer) -> dict[str, dict[str, torch.Tensor]]:
     """Each agent's weights (fsdp: the full tensors, gathered on every rank alike)."""
     def full(t):
@@ -173,12 +203,8 @@ def check_invariants(cell: dict, trainer) -> dict:
     for agent in trainer.agents:
         with trainer.gathered_weights():  # fsdp: every rank gathers the full weights to sample
             trainer.policies[agent].sample(PROMPTS[:1], 2)
-        shadow = getattr(getattr(trainer.policies[agent], "team", None) or trainer.policies[agent], "_shadow", None)
-        assert (shadow is not None) == bool(cell["sample_dtype"])
-        if shadow is not None:
-            twins = dict(shadow.model.named_parameters())
-            stale = [n for n, p in shadow.source.named_parameters() if not torch.equal(twins[n], p.detach().to(shadow.dtype))]
-            assert not stale, f"sampling copy stale in {stale[:3]}"
+        assert (shadow_of(trainer.policies[agent]) is not None) == bool(cell["sample_dtype"])
+    assert_sampler_is_current(trainer)
     if trainer.sharded:
         return {"gaps": gaps}  # fsdp: separate full models (no team), nothing shared a gradient could leak through
     # no gradient reaches another agent's parameters (the trainers' scoring path)
@@ -208,7 +234,7 @@ def check_invariants(cell: dict, trainer) -> dict:
 
 
 def run_cell(cell: dict, dirs: dict, tmp: str) -> dict:
-    full = build(cell, dirs, os.path.join(tmp, "full") if cell["resume"] else None)
+    full = watch_sampler(build(cell, dirs, os.path.join(tmp, "full") if cell["resume"] else None))
     full.train()
     facts = check_invariants(cell, full)
     if cell["resume"]:
