@@ -245,3 +245,13 @@ def test_policy_gradient_loss_hand_value_and_gradient():
     loss.backward()
     assert torch.allclose(log_probs.grad, -advantages.detach() / 4)
     assert advantages.grad is None  # advantages are constants
+
+
+def test_raw_returns_without_normalization_accept_a_group_of_one():
+    """Plain REINFORCE at K = 1: the advantage is the return; any baseline or normalization
+    still needs two returns."""
+    assert group_advantages([2.5], "raw", normalize=False) == [2.5]
+    with pytest.raises(ValueError, match="at least 2 returns"):
+        group_advantages([2.5], "mean", normalize=False)
+    with pytest.raises(ValueError, match="at least 2 returns"):
+        group_advantages([2.5], "raw", normalize=True)

@@ -158,3 +158,42 @@ def test_a_missing_open_spiel_names_the_games_extra(monkeypatch):
         make("TinyHanabi-A-v0")
     message = str(caught.value)
     assert "\n" not in message and "llm_marl[games]" in message and "open-spiel" in message
+
+
+# --- benchmarks/tiny_hanabi.py ----------------------------------------------------------------------
+
+
+def _benchmark():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "tiny_hanabi.py"
+    spec = importlib.util.spec_from_file_location("llm_marl_bench_tiny_hanabi", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_safe_convention_of_game_e_is_a_person_by_person_optimum():
+    """Both players always play the middle action: every deal pays 8 (< 10), and neither player
+    gains by changing its own policy alone (player 1 faces [4, 8, 4]; player 0, facing a
+    partner who always plays the middle, gets 0 elsewhere)."""
+    bench = _benchmark()
+    payoff = np.asarray(TINY_HANABI["E"][0], dtype=float)
+    p0 = np.zeros((2, 3))
+    p0[:, 1] = 1
+    p1 = np.zeros((2, 3, 3))
+    p1[:, :, 1] = 1
+    assert bench.unilateral_gain(payoff, p0, p1) == pytest.approx(0.0)
+    uniform0, uniform1 = np.full((2, 3), 1 / 3), np.full((2, 3, 3), 1 / 3)
+    assert bench.unilateral_gain(payoff, uniform0, uniform1) > 0.5
+
+
+def test_independent_reinforce_at_k1_trains_and_is_scored_exactly():
+    bench = _benchmark()
+    import argparse
+
+    args = argparse.Namespace(epochs=3, items=8, items_per_step=4, k=4, lr=0.1)
+    value, gain = bench.train_one("REINFORCE K=1", "B", 0, args)
+    assert 0.0 <= value <= 1.0 and gain >= -1e-9

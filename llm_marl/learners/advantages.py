@@ -62,15 +62,16 @@ def group_advantages(
     """K returns of one group (one node, one agent) in, K advantages out.
 
     Returns a tensor for a tensor input, else a list of floats. Raises ValueError for an unknown
-    mode, fewer than 2 returns, or a non-finite return.
+    mode, fewer than 2 returns (a single return is accepted in mode "raw" without
+    normalization: plain REINFORCE at K = 1), or a non-finite return.
     """
     if mode not in BASELINES:
         raise ValueError(f"advantage mode must be one of {sorted(BASELINES)}, got {mode!r}")
     values = returns if isinstance(returns, torch.Tensor) else torch.tensor(list(returns), dtype=torch.float64)
     if not values.is_floating_point():  # integer returns: the baselines and the std need floats
         values = values.to(torch.float64)
-    if values.dim() != 1 or values.numel() < 2:
-        raise ValueError(f"a group needs at least 2 returns (K >= 2), got shape {tuple(values.shape)}")
+    if values.dim() != 1 or values.numel() < (1 if mode == "raw" and not normalize else 2):
+        raise ValueError(f"a group needs at least 2 returns (K >= 2; 1 for raw returns without normalization), got shape {tuple(values.shape)}")
     if not torch.isfinite(values).all():
         raise ValueError(f"returns must be finite, got {values.tolist()}")
     advantages = BASELINES[mode](values)

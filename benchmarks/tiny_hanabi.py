@@ -1,0 +1,200 @@
+"""The Tiny Hanabi suite (games A-F) against the published optima, with tabular policies.
+
+Rows: MAGRPO (K answers per node: the player to move branches K ways, so player 0's answers are
+scored against K continuations of player 1), IAC (independent actor-critic, tabular critics,
+one answer per node) and independent REINFORCE without branching (K = 1, no baseline: the
+classic independent learner). Columns: the six games. Each cell: the mean ± standard deviation
+over seeds of the final policies' EXACT expected return (every deal and every action enumerated
+by ``OpenSpielEnv.expected_return``, no sampling), and how many seeds reach >= 99% of the
+optimum.
+
+Every learner trains on the same deals (``--items`` items of the env's chance stream per epoch,
+``--items-per-step`` trees per optimizer step) for the same number of epochs, with the same
+learning rate; the settings are printed with the table.
+
+Run: ``python benchmarks/tiny_hanabi.py`` (the README quotes the table and its run time);
+``--games A B --seeds 3`` for a quick look; ``--json PATH`` writes every seed's value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from typing import ClassVar
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
+from llm_marl.envs.openspiel import TINY_HANABI, tiny_hanabi  # noqa: E402
+from llm_marl.learners import IACConfig, IACTrainer, MAGRPOConfig, MAGRPOTrainer  # noqa: E402
+from llm_marl.learners.config import MAREINFORCEConfig  # noqa: E402
+from llm_marl.learners.reinforce import MAREINFORCETrainer  # noqa: E402
+from llm_marl.policies.tabular import TabularPolicy  # noqa: E402
+
+
+@dataclass
+class IndependentREINFORCEConfig(MAREINFORCEConfig):
+    """MAREINFORCE with one answer per node: no branching, no baseline (the classic independent learner)."""
+
+    min_generations: ClassVar[int] = 1
+    num_generations: int = 1
+    """K = 1: one answer per node."""
+    advantage_normalization: bool = False
+    """A group of one has nothing to normalize against: the advantage is the return."""
+
+
+class IndependentREINFORCETrainer(MAREINFORCETrainer):
+    """MAREINFORCE at K = 1."""
+
+    config_class = IndependentREINFORCEConfig
+
+
+LEARNERS = {
+    "MAGRPO": (MAGRPOTrainer, MAGRPOConfig),
+    "IAC": (IACTrainer, IACConfig),
+    "REINFORCE K=1": (IndependentREINFORCETrainer, IndependentREINFORCEConfig),
+}
+
+
+def settings(learner: str, args: argparse.Namespace, seed: int) -> dict:
+    common = dict(
+        num_turns=2,
+        num_train_epochs=args.epochs,
+        items_per_step=args.items_per_step,
+        rollout_buffer_size=args.items_per_step,  # one optimizer step per batch of trees
+        agent_learning_rate=args.lr,
+        early_termination_threshold=None,
+        eval_interval=0,
+        progress_bar=False,
+        logging_steps=10**9,
+        seed=seed,
+    )
+    if learner == "MAGRPO":
+        common.update(num_generations=args.k)
+    elif learner == "IAC":
+        common.update(num_generations=1, critic_learning_rate=args.lr, value_clip_range=None)
+    return common
+
+
+def policy_tables(policies: dict, n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """p0[c0, a0] and p1[c1, a0, a1] of tabular policies read at tiny_hanabi's observations."""
+    p0 = np.array([policies["player_0"].probabilities(f"p0:d{c}").tolist() for c in range(n)])
+    p1 = np.array([[policies["player_1"].probabilities(f"p1:d{c} p0:a{a}").tolist() for a in range(m)] for c in range(n)])
+    return p0, p1
+
+
+def unilateral_gain(payoff: np.ndarray, p0: np.ndarray, p1: np.ndarray) -> float:
+    """How much the better of the two players could gain by changing its own policy alone (its
+    best response to the other's current policy), exactly; 0 at a person-by-person optimum."""
+    n = payoff.shape[0]
+    w = 1.0 / (n * n)
+    value = w * np.einsum("xa,yab,xyab->", p0, p1, payoff)
+    # player 1: per (own card, player 0's action) the best action against player 0's policy
+    by_answer = w * np.einsum("xa,xyab->yab", p0, payoff)
+    best1 = by_answer.max(axis=2).sum()
+    # player 0: per own card the best action against player 1's policy
+    by_action = w * np.einsum("yab,xyab->xa", p1, payoff)
+    best0 = by_action.max(axis=1).sum()
+    return float(max(best0, best1) - value)
+
+
+def train_one(learner: str, game: str, seed: int, args: argparse.Namespace) -> tuple[float, float]:
+    """Train ``learner`` on ``game`` with ``seed``; the final policies' exact expected return and
+    their best unilateral gain (:func:`unilateral_gain`)."""
+    trainer_class, config_class = LEARNERS[learner]
+    torch.manual_seed(seed)
+    env = tiny_hanabi(game, num_items=args.items)
+    actions = [str(a) for a in range(env.game.num_distinct_actions())]
+    policies = {agent: TabularPolicy(actions) for agent in env.possible_agents}
+    config = config_class(**settings(learner, args, seed))
+    trainer_class(env=env, policies=policies, args=config, eval_env=env).train()
+
+    def probabilities(agent, observation, legal):
+        probs = policies[agent].probabilities(observation)
+        return [float(probs[a]) for a in legal]
+
+    payoff = np.asarray(TINY_HANABI[game][0], dtype=float)
+    p0, p1 = policy_tables(policies, payoff.shape[0], payoff.shape[2])
+    return env.expected_return(probabilities), unilateral_gain(payoff, p0, p1)
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--games", nargs="+", default=sorted(TINY_HANABI), choices=sorted(TINY_HANABI))
+    parser.add_argument("--learners", nargs="+", default=list(LEARNERS), choices=list(LEARNERS))
+    parser.add_argument("--seeds", type=int, default=10, help="seeds per cell (0 .. seeds-1)")
+    parser.add_argument("--epochs", type=int, default=40, help="passes over the items")
+    parser.add_argument("--items", type=int, default=32, help="deals (items of the env's chance stream) per epoch")
+    parser.add_argument("--items-per-step", type=int, default=8, help="trees per optimizer step")
+    parser.add_argument("--k", type=int, default=4, help="MAGRPO's answers per node")
+    parser.add_argument("--lr", type=float, default=0.1, help="learning rate of every policy (and IAC's critics)")
+    parser.add_argument("--json", help="write every seed's final expected return here")
+    args = parser.parse_args(argv)
+
+    started = time.perf_counter()
+    values: dict[str, dict[str, list[float]]] = {learner: {} for learner in args.learners}
+    gains: dict[str, dict[str, list[float]]] = {learner: {} for learner in args.learners}
+    for learner in args.learners:
+        for game in args.games:
+            runs = [train_one(learner, game, seed, args) for seed in range(args.seeds)]
+            values[learner][game] = [v for v, _ in runs]
+            gains[learner][game] = [g for _, g in runs]
+            print(f"{learner} {game}: {[round(v, 3) for v in values[learner][game]]} "
+                  f"unilateral gains {[round(g, 3) for g in gains[learner][game]]}", file=sys.stderr, flush=True)
+    elapsed = time.perf_counter() - started
+
+    print(f"Tiny Hanabi, tabular policies: final exact expected return, mean ± std over {args.seeds} seeds "
+          f"(seeds reaching >= 99% of the optimum). {args.epochs} epochs x {args.items} deals, "
+          f"{args.items_per_step} trees per step, lr {args.lr}, MAGRPO K={args.k}.\n")
+    print("| learner | " + " | ".join(args.games) + " |")
+    print("|---|" + "---|" * len(args.games))
+    print("| optimum | " + " | ".join(f"{TINY_HANABI[g][1]:.3g}" for g in args.games) + " |")
+    for learner in args.learners:
+        cells = []
+        for game in args.games:
+            runs = values[learner][game]
+            optimum = TINY_HANABI[game][1]
+            spread = statistics.pstdev(runs) if len(runs) > 1 else 0.0
+            hits = sum(v >= 0.99 * optimum for v in runs)
+            cells.append(f"{statistics.mean(runs):.2f} ± {spread:.2f} ({hits}/{len(runs)})")
+        print(f"| {learner} | " + " | ".join(cells) + " |")
+    print("\nSeeds below 99% of the optimum that end at a person-by-person optimum (neither player can gain "
+          "more than 0.01 by changing its own policy alone), per cell:\n")
+    print("| learner | " + " | ".join(args.games) + " |")
+    print("|---|" + "---|" * len(args.games))
+    for learner in args.learners:
+        cells = []
+        for game in args.games:
+            optimum = TINY_HANABI[game][1]
+            short = [(v, g) for v, g in zip(values[learner][game], gains[learner][game]) if v < 0.99 * optimum]
+            stuck = sum(g <= 0.01 for _, g in short)
+            cells.append(f"{stuck}/{len(short)}" if short else "–")
+        print(f"| {learner} | " + " | ".join(cells) + " |")
+    print(f"\n{elapsed:.0f} s on {cpu_name()}, {torch.get_num_threads()} thread per run, runs one after another")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"settings": vars(args), "seconds": elapsed, "values": values, "unilateral_gains": gains}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
