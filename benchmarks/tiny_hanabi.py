@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -35,6 +34,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from machine import print_machine  # noqa: E402
 
 from llm_marl.envs.openspiel import TINY_HANABI, tiny_hanabi  # noqa: E402
 from llm_marl.learners import IACConfig, IACTrainer, MAGRPOConfig, MAGRPOTrainer  # noqa: E402
@@ -129,14 +131,6 @@ def train_one(learner: str, game: str, seed: int, args: argparse.Namespace) -> t
     return env.expected_return(probabilities), unilateral_gain(payoff, p0, p1)
 
 
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--games", nargs="+", default=sorted(TINY_HANABI), choices=sorted(TINY_HANABI))
@@ -150,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="write every seed's final expected return here")
     args = parser.parse_args(argv)
 
+    info = print_machine()
     started = time.perf_counter()
     values: dict[str, dict[str, list[float]]] = {learner: {} for learner in args.learners}
     gains: dict[str, dict[str, list[float]]] = {learner: {} for learner in args.learners}
@@ -189,10 +184,11 @@ def main(argv: list[str] | None = None) -> int:
             stuck = sum(g <= 0.01 for _, g in short)
             cells.append(f"{stuck}/{len(short)}" if short else "–")
         print(f"| {learner} | " + " | ".join(cells) + " |")
-    print(f"\n{elapsed:.0f} s on {cpu_name()}, {torch.get_num_threads()} thread per run, runs one after another")
+    print(f"\n{elapsed:.0f} s on {info['cpu']} ({info['usable_cpus']} usable CPUs, load average {info['load_average']} at the start), "
+          f"{torch.get_num_threads()} thread per run, runs one after another")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"settings": vars(args), "seconds": elapsed, "values": values, "unilateral_gains": gains}, f, indent=1)
+            json.dump({"settings": vars(args), "machine": info, "seconds": elapsed, "values": values, "unilateral_gains": gains}, f, indent=1)
     return 0
 
 
