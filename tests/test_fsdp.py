@@ -9,8 +9,10 @@ same run in one process, unsharded, is the reference:
 * the sampler is the trained policy: at the start of every rollout the gathered weights give a
   fixed answer the same log-prob as the unsharded run's current weights do (so each sampling call
   after a sharded optimizer step sees the new weights);
-* per rank, the bytes of parameters, gradients and AdamW state (measured from the local shards'
-  storages) are about half of the unsharded run's;
+* the reference models (reference KL on) are sharded too: they stay frozen, and the KL penalties
+  they give shape the same gradients as in the unsharded run;
+* per rank, the bytes of parameters, gradients, AdamW state and reference weights (measured from
+  the local shards' storages) are about half of the unsharded run's;
 * stopping after one step and resuming from the sharded checkpoint (``torch.distributed.checkpoint``)
   gives the uninterrupted run's weights;
 * ``save_model`` writes one consolidated Hugging Face folder per agent, which reloads to the
@@ -81,11 +83,15 @@ def length_reward(a, b):
     return [float(len(a[0]) + len(b[0]))]
 
 
-def run(model_dir, *, fsdp=False, items_per_step=2, rollout_buffer_size=2, save_to=None, output_dir=None, max_steps=None, resume=None):
+def run(model_dir, *, reference=True, fsdp=False, items_per_step=2, rollout_buffer_size=2, save_to=None, output_dir=None, max_steps=None, resume=None):
     """Train 2 LM agents for 2 batches; returns weights, probe log-probs and measured bytes."""
     task = FunctionTask(length_reward, lambda item: item["prompt"], dataset=[{"prompt": p} for p in PROMPTS], num_agents=2, num_turns=1)
     settings = dict(max_new_tokens=6, temperature=1.0, top_p=None, top_k=None)
-    policies = [SeededLM.from_pretrained(model_dir, **settings), SeededLM.from_pretrained(model_dir, max_batch_tokens=24, **settings)]
+    # score_prompts_once=False beside gradient checkpointing: with it, HF drops the prompt's cache
+    # in train mode, and no-grad scoring (the reference KL's) then misses the prompt (a scorer issue
+    # of its own, with or without fsdp)
+    policies = [SeededLM.from_pretrained(model_dir, score_prompts_once=False, **settings),
+                SeededLM.from_pretrained(model_dir, max_batch_tokens=24, **settings)]
     model = policies[0].model
     if hasattr(model, "activation_checkpointing_enable"):  # transformers' new name
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
@@ -96,7 +102,7 @@ def run(model_dir, *, fsdp=False, items_per_step=2, rollout_buffer_size=2, save_
         num_agents=2, num_turns=1, num_train_epochs=1, num_generations=3, max_new_tokens=6, temperature=1.0, top_p=1.0,
         top_k=None, items_per_step=items_per_step, rollout_buffer_size=rollout_buffer_size, eval_interval=0,
         logging_steps=1, progress_bar=False, early_termination_threshold=None, agent_learning_rate=1e-2,
-        max_grad_norm=1.0, seed=5, fsdp=fsdp, save_final_checkpoint=output_dir is not None, output_dir=output_dir,
+        max_grad_norm=1.0, seed=5, fsdp=fsdp, reference_kl_enabled=reference, reference_kl_coef=0.5, save_final_checkpoint=output_dir is not None, output_dir=output_dir,
         max_steps=max_steps,
     )
     trainer = MAGRPOTrainer(env=DialogueEnv(task), policies=policies, args=args)
@@ -128,12 +134,14 @@ def run(model_dir, *, fsdp=False, items_per_step=2, rollout_buffer_size=2, save_
         from llm_marl.runs.fsdp import full_state_dict
 
         weights = {a: full_state_dict(trainer.sharded[a].model) for a in trainer.agents}
+        references = {a: full_state_dict(trainer.sharded_references[a].model) for a in trainer.agents}
         with trainer.gathered_weights():  # the gathered weights are the trained ones
             gathered = {a: {n: p.detach().clone() for n, p in trainer.policies[a].model.named_parameters()} for a in trainer.agents}
         if save_to:
             trainer.save_model(save_to)
     else:
         weights = {a: {n: p.detach().clone() for n, p in trainer.policies[a].model.named_parameters()} for a in trainer.agents}
+        references = {a: trainer.reference_policies[a].model.state_dict() for a in trainer.agents}
         gathered = weights
     return {
         "world_size": trainer.dist.world_size,
@@ -142,6 +150,9 @@ def run(model_dir, *, fsdp=False, items_per_step=2, rollout_buffer_size=2, save_
         "gathered": gathered,
         "probes": probes,
         "param_bytes": {a: local_nbytes(trainer.policies[a].model.parameters()) for a in trainer.agents},
+        "reference_bytes": {a: local_nbytes(trainer.reference_policies[a].model.parameters()) for a in trainer.agents},
+        "references": references,
+        "kl": [v for _, m in trainer.logger.history for n, v in m.items() if n.endswith("kl_mean")],
         "grad_bytes": grad_bytes,
         "optimizer_bytes": {
             a: local_nbytes(t for state in o.state.values() for t in state.values() if t.dim() > 0) for a, o in trainer.optimizers.items()
@@ -201,6 +212,13 @@ def test_two_sharded_ranks_train_like_one_unsharded_process(tmp_path, model_dir)
         assert moved > 1e-3, f"{agent}'s weights did not move"
     assert close >= 0.9995 * total, f"{total - close} of {total} weights differ beyond fp32 rounding"
 
+    # The reference models (sharded too) stayed frozen; the KL penalty they gave was active (its
+    # values shaped the advantages behind the second step's gradient, equal above).
+    for agent, reference in sharded["references"].items():
+        for name, value in reference.items():
+            assert torch.equal(value, start[name]), (agent, name)
+    assert max(sharded["kl"]) > 0.1 and max(single["kl"]) > 0.1
+
     # The sampler is the trained policy: each rollout's gathered weights score the probe as the
     # unsharded run's current weights do (the probe changes between rollouts: steps in between).
     assert len(sharded["probes"]) == len(single["probes"]) == 2
@@ -211,7 +229,7 @@ def test_two_sharded_ranks_train_like_one_unsharded_process(tmp_path, model_dir)
     assert sharded["gathers"] == {a: 4 for a in single["weights"]}  # per batch: the rollout and one step
 
     # Per rank: about half of the unsharded bytes of parameters, gradients and AdamW state.
-    for what in ("param_bytes", "grad_bytes", "optimizer_bytes"):
+    for what in ("param_bytes", "grad_bytes", "optimizer_bytes", "reference_bytes"):
         for agent, whole in single[what].items():
             for rank in ranks:
                 assert 0.45 * whole <= rank[what][agent] <= 0.6 * whole, (what, agent, rank[what][agent], whole)

@@ -163,6 +163,7 @@ class MAGRPOTrainer(JointUpdate):
                 if hasattr(self.policies[agent], "to"):
                     self.policies[agent] = self.policies[agent].to(device) or self.policies[agent]
         self.dist = DistributedContext.from_environment()
+        self.reference_policies = self._make_references() if self.args.reference_kl_enabled else None
         self.sharded: dict[str, Any] = shard_agents(self, optimizers) if self.args.fsdp else {}  # agent -> ShardedModel
         self.trainable = {a: [p for p in self.policies[a].parameters() if p.requires_grad] for a in self.agents}
         if optimizers is None:
@@ -173,7 +174,6 @@ class MAGRPOTrainer(JointUpdate):
             }
         else:
             self.optimizers = _by_agent(optimizers, self.agents, "optimizers")
-        self.reference_policies = self._make_references() if self.args.reference_kl_enabled else None
         self.eval_logger = eval_logger
         self.eval_aggregator = eval_aggregator
         self.buffers = {a: RolloutBuffer() for a in self.agents}
@@ -272,7 +272,7 @@ class MAGRPOTrainer(JointUpdate):
 
     def gathered_weights(self) -> Any:
         """Context: sharded agents (``fsdp=True``) hold their full weights; every rank enters it."""
-        return gathered(self.sharded)
+        return gathered(self)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

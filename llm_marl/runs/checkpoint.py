@@ -74,9 +74,12 @@ def save(trainer: Any) -> str:
         from llm_marl.runs.fsdp import save_shards, shared_value
 
         tmp = shared_value(tmp)  # rank 0's folder, once it exists
+        references = getattr(trainer, "sharded_references", {})
         for i, agent in enumerate(trainer.agents):
             if agent in sharded:
                 save_shards(sharded[agent], trainer.optimizers.get(agent), os.path.join(tmp, f"agent_{i}", "shards"))
+            if agent in references:
+                save_shards(references[agent], None, os.path.join(tmp, f"agent_{i}", "reference_shards"))
         if not trainer.dist.is_main:
             trainer.dist.barrier()  # rank 0 completes the folder
             trainer.state.last_checkpoint = final
@@ -93,7 +96,7 @@ def save(trainer: Any) -> str:
         os.makedirs(folder, exist_ok=True)
         policy = trainer.policies[agent]
         if agent in sharded:
-            continue  # its weights and optimizer state are the shards written above
+            continue  # its weights, optimizer state and reference are the shards written above
         if hasattr(policy, "state_dict"):
             torch.save(policy.state_dict(), os.path.join(folder, "policy.pt"))
         if agent in trainer.optimizers:
@@ -251,7 +254,12 @@ def load(trainer: Any, path: str) -> None:
         if agent in trainer.optimizers and sharded is None:
             trainer.optimizers[agent].load_state_dict(torch.load(os.path.join(folder, "optimizer.pt"), weights_only=False))
         reference = os.path.join(folder, "reference.pt")
-        if trainer.reference_policies is not None and os.path.exists(reference):
+        sharded_reference = getattr(trainer, "sharded_references", {}).get(agent)
+        if sharded_reference is not None:
+            from llm_marl.runs.fsdp import load_shards
+
+            load_shards(sharded_reference, None, os.path.join(folder, "reference_shards"))
+        elif trainer.reference_policies is not None and os.path.exists(reference):
             trainer.reference_policies[agent].load_state_dict(torch.load(reference, weights_only=False))
     for name, extra in _extras(trainer).items():
         file = os.path.join(path, f"{name}.pt")

@@ -81,8 +81,8 @@ def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
     name = type(trainer).__name__
     if not trainer._fsdp_supported:
         raise ValueError(f"fsdp=True is not supported by {name} yet (supported: MAGRPO, MAREINFORCE, MARLOO, MAReMax); train without fsdp")
-    if trainer.args.reference_kl_enabled:
-        raise ValueError("fsdp=True with reference_kl_enabled is not supported yet (the reference model is not sharded); set reference_kl_enabled=False or train without fsdp")
+    if trainer.args.reference_kl_enabled and trainer.args.reference_devices is not None:
+        raise ValueError("fsdp=True shards each reference model across the ranks; reference_devices does not apply (leave it None)")
     if trainer.args.fsdp_shard_size not in (None, trainer.dist.world_size):
         raise ValueError(
             f"fsdp_shard_size={trainer.args.fsdp_shard_size} (a 2-D mesh) is not supported yet; use None (shard across all {trainer.dist.world_size} ranks)"
@@ -114,13 +114,18 @@ def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
             policy.to(torch.device("cuda", torch.cuda.current_device()))
         trainer.dist.broadcast_parameters(policy.model.parameters())
         sharded[agent] = shard_model(policy.model, mesh, f"agent {agent!r}'s model")
+    trainer.sharded_references = {}
+    for agent, reference in (trainer.reference_policies or {}).items():  # frozen copies made before sharding
+        trainer.dist.broadcast_parameters(reference.model.parameters())
+        trainer.sharded_references[agent] = shard_model(reference.model, mesh, f"agent {agent!r}'s reference model")
     return sharded
 
 
-def gathered(sharded: dict[str, "ShardedModel"]) -> ExitStack:
-    """A context in which every model of ``sharded`` holds its full weights (every rank enters it)."""
+def gathered(trainer: Any) -> ExitStack:
+    """A context in which every sharded model of ``trainer`` (agents, then their references)
+    holds its full weights; every rank enters it. Empty without fsdp."""
     stack = ExitStack()
-    for model in sharded.values():
+    for model in [*trainer.sharded.values(), *getattr(trainer, "sharded_references", {}).values()]:
         stack.enter_context(model.gathered())
     return stack
 
