@@ -111,6 +111,26 @@ def unilateral_gain(payoff: np.ndarray, p0: np.ndarray, p1: np.ndarray) -> float
     return float(max(best0, best1) - value)
 
 
+def best_deviation(payoff: np.ndarray, p0: np.ndarray, p1: np.ndarray) -> tuple[str, float, float]:
+    """The single information set where one player changing its action alone gains most:
+    (which, gain in expected return, the probability the player now gives that better action)."""
+    n, _, m, _ = payoff.shape
+    w = 1.0 / (n * n)
+    found = ("none", 0.0, 1.0)
+    by_answer = w * np.einsum("xa,xyab->yab", p0, payoff)  # player 1 at (own card y, partner's action a)
+    for y in range(n):
+        for a in range(m):
+            gain = by_answer[y, a].max() - by_answer[y, a] @ p1[y, a]
+            if gain > found[1]:
+                found = (f"player 1 at card {y}, partner's action {a}", float(gain), float(p1[y, a, by_answer[y, a].argmax()]))
+    by_action = w * np.einsum("yab,xyab->xa", p1, payoff)  # player 0 at its own card x
+    for x in range(n):
+        gain = by_action[x].max() - by_action[x] @ p0[x]
+        if gain > found[1]:
+            found = (f"player 0 at card {x}", float(gain), float(p0[x, by_action[x].argmax()]))
+    return found
+
+
 def train_one(learner: str, game: str, seed: int, args: argparse.Namespace) -> tuple[float, float]:
     """Train ``learner`` on ``game`` with ``seed``; the final policies' exact expected return and
     their best unilateral gain (:func:`unilateral_gain`)."""
@@ -128,7 +148,12 @@ def train_one(learner: str, game: str, seed: int, args: argparse.Namespace) -> t
 
     payoff = np.asarray(TINY_HANABI[game][0], dtype=float)
     p0, p1 = policy_tables(policies, payoff.shape[0], payoff.shape[2])
-    return env.expected_return(probabilities), unilateral_gain(payoff, p0, p1)
+    value = env.expected_return(probabilities)
+    if args.diagnose and value < 0.99 * TINY_HANABI[game][1]:
+        where, gain, p = best_deviation(payoff, p0, p1)
+        print(f"  {learner} {game} seed {seed}: {value:.3f}; best single change: {where} gains {gain:.3f}, "
+              f"its better action has probability {p:.2e}", file=sys.stderr, flush=True)
+    return value, unilateral_gain(payoff, p0, p1)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--items-per-step", type=int, default=8, help="trees per optimizer step")
     parser.add_argument("--k", type=int, default=4, help="MAGRPO's answers per node")
     parser.add_argument("--lr", type=float, default=0.1, help="learning rate of every policy (and IAC's critics)")
+    parser.add_argument("--diagnose", action="store_true",
+                        help="for each seed below 99%% of the optimum, print the information set where one player "
+                             "changing alone gains most, and the probability it now gives the better action")
     parser.add_argument("--json", help="write every seed's final expected return here")
     args = parser.parse_args(argv)
 

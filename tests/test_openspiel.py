@@ -186,6 +186,13 @@ def test_the_safe_convention_of_game_e_is_a_person_by_person_optimum():
     p1 = np.zeros((2, 3, 3))
     p1[:, :, 1] = 1
     assert bench.unilateral_gain(payoff, p0, p1) == pytest.approx(0.0)
+    assert bench.best_deviation(payoff, p0, p1) == ("none", 0.0, 1.0)
+    # player 0 plays action 0 on card 0 (partner: always the middle): those two deals pay 0. Going
+    # back to the middle there gains 2 x 8/4 = 4 (the best single change); player 1 answering 0 at
+    # (card 0, action 0) and 2 at (card 1, action 0) gains 10/4 at each: 5 for its whole policy
+    p0[0] = [1, 0, 0]
+    assert bench.unilateral_gain(payoff, p0, p1) == pytest.approx(5.0)
+    assert bench.best_deviation(payoff, p0, p1) == ("player 0 at card 0", pytest.approx(4.0), 0.0)
     uniform0, uniform1 = np.full((2, 3), 1 / 3), np.full((2, 3, 3), 1 / 3)
     assert bench.unilateral_gain(payoff, uniform0, uniform1) > 0.5
 
