@@ -201,6 +201,6 @@ def test_independent_reinforce_at_k1_trains_and_is_scored_exactly():
     bench = _benchmark()
     import argparse
 
-    args = argparse.Namespace(epochs=3, items=8, items_per_step=4, k=4, lr=0.1)
+    args = argparse.Namespace(epochs=3, items=8, items_per_step=4, k=4, lr=0.1, diagnose=True)
     value, gain = bench.train_one("REINFORCE K=1", "B", 0, args)
     assert 0.0 <= value <= 1.0 and gain >= -1e-9
