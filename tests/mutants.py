@@ -335,6 +335,27 @@ MUTANTS: list[Mutant] = [
         ("tests/test_actor_critic.py::test_t4_an_early_stop_is_not_bootstrapped",),
     ),
     Mutant(
+        "OpenSpiel: a fork shares the game state instead of cloning it",
+        "llm_marl/envs/openspiel.py",
+        "twin.state = None if self.state is None else self.state.clone()",
+        "twin.state = self.state",
+        ("tests/test_openspiel.py::test_chance_is_keyed_by_item_and_history_so_branches_and_replays_reproduce",),
+    ),
+    Mutant(
+        "OpenSpiel: an action id outside the legal moves is played anyway",
+        "llm_marl/envs/openspiel.py",
+        "return int(answer) if int(answer) in legal else None",
+        "return int(answer)",
+        ("tests/test_openspiel.py::test_an_illegal_or_unparsable_answer_ends_the_episode_with_the_penalty",),
+    ),
+    Mutant(
+        "illegal_rate counts every acting agent's joint actions as illegal",
+        "llm_marl/learners/evaluation.py",
+        "seen[0] += agent in details[\"illegal\"]",
+        "seen[0] += 1",
+        ("tests/test_openspiel.py::test_illegal_rate_is_logged_per_agent",),
+    ),
+    Mutant(
         "turn-based: every agent is asked at every node, acting or not",
         "llm_marl/learners/tree.py",
         "asked = {agent: [o for o in frontier if agent in o.acting] for agent in agents}",
