@@ -13,6 +13,8 @@ same run in one process, unsharded, is the reference:
   they give shape the same gradients as in the unsharded run;
 * per rank, the bytes of parameters, gradients, AdamW state and reference weights (measured from
   the local shards' storages) are about half of the unsharded run's;
+* MADPO (the joint DPO loss over both sharded agents, margins against sharded references) trains
+  like one unsharded process too;
 * stopping after one step and resuming from the sharded checkpoint (``torch.distributed.checkpoint``)
   gives the uninterrupted run's weights;
 * ``save_model`` writes one consolidated Hugging Face folder per agent, which reloads to the
@@ -33,7 +35,7 @@ import pytest
 import torch
 
 from llm_marl.envs import DialogueEnv
-from llm_marl.learners import MAGRPOConfig, MAGRPOTrainer
+from llm_marl.learners import MADPOConfig, MADPOTrainer, MAGRPOConfig, MAGRPOTrainer
 from llm_marl.policies.base import Completion
 from llm_marl.policies.causal_lm import CausalLMPolicy
 from llm_marl.policies.tabular import TabularPolicy
@@ -58,6 +60,7 @@ result = run({model_dir!r}, fsdp=True, items_per_step=1, rollout_buffer_size=1, 
 run({model_dir!r}, fsdp=True, items_per_step=1, rollout_buffer_size=1, output_dir={run_dir!r}, max_steps=1)
 result["checkpoint"] = sorted(os.listdir(os.path.join({run_dir!r}, "checkpoint-1", "agent_0", "shards")))
 result["resumed"] = run({model_dir!r}, fsdp=True, items_per_step=1, rollout_buffer_size=1, output_dir={run_dir!r}, resume=True)
+result["madpo"] = run({model_dir!r}, learner="madpo", fsdp=True, items_per_step=1, rollout_buffer_size=1)
 rank = int(os.environ["RANK"])
 torch.save(result, os.path.join({out!r}, f"rank{{rank}}.pt"))
 sys.stdout.flush(); sys.stderr.flush()
@@ -83,7 +86,7 @@ def length_reward(a, b):
     return [float(len(a[0]) + len(b[0]))]
 
 
-def run(model_dir, *, reference=True, fsdp=False, items_per_step=2, rollout_buffer_size=2, save_to=None, output_dir=None, max_steps=None, resume=None):
+def run(model_dir, *, learner="magrpo", reference=True, fsdp=False, items_per_step=2, rollout_buffer_size=2, save_to=None, output_dir=None, max_steps=None, resume=None):
     """Train 2 LM agents for 2 batches; returns weights, probe log-probs and measured bytes."""
     task = FunctionTask(length_reward, lambda item: item["prompt"], dataset=[{"prompt": p} for p in PROMPTS], num_agents=2, num_turns=1)
     settings = dict(max_new_tokens=6, temperature=1.0, top_p=None, top_k=None)
@@ -98,14 +101,19 @@ def run(model_dir, *, reference=True, fsdp=False, items_per_step=2, rollout_buff
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     policies[0].model.train()
-    args = MAGRPOConfig(
-        num_agents=2, num_turns=1, num_train_epochs=1, num_generations=3, max_new_tokens=6, temperature=1.0, top_p=1.0,
+    common = dict(
+        num_agents=2, num_turns=1, num_train_epochs=1, max_new_tokens=6, temperature=1.0, top_p=1.0,
         top_k=None, items_per_step=items_per_step, rollout_buffer_size=rollout_buffer_size, eval_interval=0,
         logging_steps=1, progress_bar=False, early_termination_threshold=None, agent_learning_rate=1e-2,
-        max_grad_norm=1.0, seed=5, fsdp=fsdp, reference_kl_enabled=reference, reference_kl_coef=0.5, save_final_checkpoint=output_dir is not None, output_dir=output_dir,
+        max_grad_norm=1.0, seed=5, fsdp=fsdp, save_final_checkpoint=output_dir is not None, output_dir=output_dir,
         max_steps=max_steps,
     )
-    trainer = MAGRPOTrainer(env=DialogueEnv(task), policies=policies, args=args)
+    if learner == "madpo":  # the joint DPO loss over both agents, against sharded references
+        args = MADPOConfig(preference_num_candidates=3, preference_pairs_per_sample=2, **common)
+        trainer = MADPOTrainer(env=DialogueEnv(task), policies=policies, args=args)
+    else:
+        args = MAGRPOConfig(num_generations=3, reference_kl_enabled=reference, reference_kl_coef=0.5, **common)
+        trainer = MAGRPOTrainer(env=DialogueEnv(task), policies=policies, args=args)
     probes, grad_bytes, grads = [], {}, {a: [] for a in trainer.agents}
     collect = trainer._collect
 
@@ -162,6 +170,30 @@ def run(model_dir, *, reference=True, fsdp=False, items_per_step=2, rollout_buff
     }
 
 
+def assert_trained_alike(sharded, single, start):
+    """The sharded run took the unsharded run's steps: gradients and weights (see below)."""
+    # Each step's (clipped) gradient is the unsharded run's, to fp32 rounding.
+    for agent, steps in single["grads"].items():
+        assert len(steps) == len(sharded["grads"][agent]) == 2
+        for expected, got in zip(steps, sharded["grads"][agent]):
+            for e, g in zip(expected, got):
+                assert torch.allclose(g, e, atol=1e-6, rtol=1e-3), (agent, (g - e).abs().max().item())
+    # So are the weights after 2 AdamW steps, and training moved them. AdamW divides each
+    # gradient element by its own magnitude: where a gradient is ~0 (GPT-2's key bias, whose
+    # gradient is 0 up to rounding) rounding alone moves a weight by up to lr per step, so a few
+    # elements may differ by that much; all others agree to fp32 rounding.
+    lr, close, total = 1e-2, 0, 0
+    for agent, expected in single["weights"].items():
+        for name, value in expected.items():
+            for got in (sharded["weights"][agent][name], sharded["gathered"][agent][name]):
+                assert (got - value).abs().max().item() <= 2 * lr, (agent, name)
+                close += int(torch.isclose(got, value, atol=2e-5, rtol=1e-4).sum())
+                total += value.numel()
+        moved = max((expected[n] - start[n]).abs().max().item() for n in expected)
+        assert moved > 1e-3, f"{agent}'s weights did not move"
+    assert close >= 0.9995 * total, f"{total - close} of {total} weights differ beyond fp32 rounding"
+
+
 @pytest.fixture(scope="module")
 def model_dir():
     return str(build_tiny_model(default_model_dir()))
@@ -190,27 +222,8 @@ def test_two_sharded_ranks_train_like_one_unsharded_process(tmp_path, model_dir)
     assert [r["world_size"] for r in ranks] == [2, 2] and single["world_size"] == 1
     assert sharded["steps"] == single["steps"] == 2
 
-    # Each step's (clipped) gradient is the unsharded run's, to fp32 rounding.
-    for agent, steps in single["grads"].items():
-        assert len(steps) == len(sharded["grads"][agent]) == 2
-        for expected, got in zip(steps, sharded["grads"][agent]):
-            for e, g in zip(expected, got):
-                assert torch.allclose(g, e, atol=1e-6, rtol=1e-3), (agent, (g - e).abs().max().item())
-    # So are the weights after 2 AdamW steps, and training moved them. AdamW divides each
-    # gradient element by its own magnitude: where a gradient is ~0 (GPT-2's key bias, whose
-    # gradient is 0 up to rounding) rounding alone moves a weight by up to lr per step, so a few
-    # elements may differ by that much; all others agree to fp32 rounding.
     start = CausalLMPolicy.from_pretrained(model_dir).model.state_dict()
-    lr, close, total = 1e-2, 0, 0
-    for agent, expected in single["weights"].items():
-        for name, value in expected.items():
-            for got in (sharded["weights"][agent][name], sharded["gathered"][agent][name]):
-                assert (got - value).abs().max().item() <= 2 * lr, (agent, name)
-                close += int(torch.isclose(got, value, atol=2e-5, rtol=1e-4).sum())
-                total += value.numel()
-        moved = max((expected[n] - start[n]).abs().max().item() for n in expected)
-        assert moved > 1e-3, f"{agent}'s weights did not move"
-    assert close >= 0.9995 * total, f"{total - close} of {total} weights differ beyond fp32 rounding"
+    assert_trained_alike(sharded, single, start)
 
     # The reference models (sharded too) stayed frozen; the KL penalty they gave was active (its
     # values shaped the advantages behind the second step's gradient, equal above).
@@ -242,6 +255,16 @@ def test_two_sharded_ranks_train_like_one_unsharded_process(tmp_path, model_dir)
     for agent, weights in sharded["weights"].items():
         for name, value in weights.items():
             assert torch.equal(resumed["weights"][agent][name], value), (agent, name)
+
+    # MADPO: the joint DPO loss over both sharded agents, margins against sharded references.
+    single_dpo, dpo = run(model_dir, learner="madpo"), sharded["madpo"]
+    assert dpo["steps"] == single_dpo["steps"] == 2
+    assert_trained_alike(dpo, single_dpo, start)
+    for agent, reference in dpo["references"].items():
+        assert all(torch.equal(value, start[name]) for name, value in reference.items()), agent
+    for what in ("param_bytes", "grad_bytes", "optimizer_bytes", "reference_bytes"):
+        for agent, whole in single_dpo[what].items():
+            assert 0.45 * whole <= dpo[what][agent] <= 0.6 * whole, (what, agent, dpo[what][agent], whole)
 
     # save_model: one consolidated Hugging Face folder per agent, from rank 0, holding the trained weights.
     for i, agent in enumerate(single["weights"]):

@@ -30,6 +30,7 @@ does (docs/preference.md lists every difference).
 from __future__ import annotations
 
 import random
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
@@ -134,7 +135,6 @@ class MADPOTrainer(MAGRPOTrainer):
     Env-native: ``MADPOTrainer(env=..., policies=..., args=MADPOConfig(...), eval_env=None)``.
     """
 
-    _fsdp_supported = False  # fsdp=True: refused with a one-line error (not sharded yet)
 
     config_class = MADPOConfig
 
@@ -142,6 +142,8 @@ class MADPOTrainer(MAGRPOTrainer):
                  centralized_comparator_adapter: Any = None, **kwargs: Any):
         if args is not None and not isinstance(args, self.config_class):
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}")
+        if args is not None and args.fsdp and centralized_comparator_adapter is not None:
+            raise ValueError("fsdp=True does not shard a centralized comparator yet; train it without fsdp")
         env, policies, args, eval_env, one = centralize_if_asked(env, policies, args, eval_env, centralized_comparator_adapter, type(self).__name__)
         super().__init__(env, policies, args, eval_env, **kwargs)
         if one is not None:
@@ -249,7 +251,22 @@ class MADPOTrainer(MAGRPOTrainer):
     def _team_backward(self, step: Mapping[str, list[Sample]]) -> dict[str, tuple[torch.Tensor, float | None]]:
         """The mean joint DPO loss of the step's pairs, back-propagated ONCE into every trained
         agent (each through its own margins); agent -> (this rank's share of the loss, mean
-        log-prob of its scored answers)."""
+        log-prob of its scored answers). ``fsdp=True``: on every agent's gathered weights, then
+        each agent's gradients are reduce-scattered into its shards (every rank, in agent order)."""
+        sharded = [self.sharded[agent] for agent in step if agent in self.sharded]
+        if not sharded:
+            return self._joint_backward(step)
+        try:
+            with ExitStack() as stack:
+                for model in sharded:
+                    stack.enter_context(model.accumulating())
+                return self._joint_backward(step)
+        finally:
+            for model in sharded:
+                model.reduce()
+
+    def _joint_backward(self, step: Mapping[str, list[Sample]]) -> dict[str, tuple[torch.Tensor, float | None]]:
+        """:meth:`_team_backward` on weights at hand."""
         agents = list(step)
         with_samples = {a: list(b) for a, b in step.items() if b}
         _check_aligned(with_samples)

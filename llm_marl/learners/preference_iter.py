@@ -209,6 +209,8 @@ def _comparison_pairs(args: Any, rewards: Sequence[float], rng: random.Random) -
 class MADPOIterTrainer(MADPOTrainer):
     """Iterative MADPO (see the module docstring); env-native like :class:`MADPOTrainer`."""
 
+    _fsdp_supported = False  # fsdp=True: refused with a one-line error (not sharded yet)
+
     config_class = MADPOIterConfig
 
     def __init__(self, *args: Any, **kwargs: Any):

@@ -163,7 +163,8 @@ class MAGRPOTrainer(JointUpdate):
                 if hasattr(self.policies[agent], "to"):
                     self.policies[agent] = self.policies[agent].to(device) or self.policies[agent]
         self.dist = DistributedContext.from_environment()
-        self.reference_policies = self._make_references() if self.args.reference_kl_enabled else None
+        wanted = self.args.reference_kl_enabled or (self.args.fsdp and getattr(self.args, "dpo_reference", False))
+        self.reference_policies = self._make_references() if wanted else None  # fsdp: copies made before sharding
         self.sharded: dict[str, Any] = shard_agents(self, optimizers) if self.args.fsdp else {}  # agent -> ShardedModel
         self.trainable = {a: [p for p in self.policies[a].parameters() if p.requires_grad] for a in self.agents}
         if optimizers is None:

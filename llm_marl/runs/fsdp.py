@@ -80,7 +80,7 @@ def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
     giving every rank rank 0's weights; a one-line error for what is not sharded (yet)."""
     name = type(trainer).__name__
     if not trainer._fsdp_supported:
-        raise ValueError(f"fsdp=True is not supported by {name} yet (supported: MAGRPO, MAREINFORCE, MARLOO, MAReMax); train without fsdp")
+        raise ValueError(f"fsdp=True is not supported by {name} yet (supported: MAGRPO, MAREINFORCE, MARLOO, MAReMax, MADPO); train without fsdp")
     if trainer.args.reference_kl_enabled and trainer.args.reference_devices is not None:
         raise ValueError("fsdp=True shards each reference model across the ranks; reference_devices does not apply (leave it None)")
     if trainer.args.fsdp_shard_size not in (None, trainer.dist.world_size):
