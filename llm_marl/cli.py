@@ -211,8 +211,9 @@ def _add_config_flags(parser: argparse.ArgumentParser, config_class: type, learn
             flags.append("--threads")
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
         text = f"{docs[field.name]} (default: {default!r})".replace("%", "%%")
+        bare = {"nargs": "?", "const": "true"} if types_[field.name] is bool else {}  # a bool flag alone means true (--fsdp)
         groups[section].add_argument(
-            *flags, dest=f"cfg_{field.name}", default=argparse.SUPPRESS, metavar=_metavar(types_[field.name]), help=text
+            *flags, dest=f"cfg_{field.name}", default=argparse.SUPPRESS, metavar=_metavar(types_[field.name]), help=text, **bare
         )
 
 

@@ -299,3 +299,6 @@ def test_cli_fsdp_flag_reaches_the_trainer(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code in (1, 2) and "fsdp=True shards language-model agents" in err and "TabularPolicy" in err, err
     assert "Traceback" not in err
+    code = main(["train", "--env", "ClimbingGame-v0", "--fsdp", "--output_dir", str(tmp_path / "s")])  # the flag alone: true
+    err = capsys.readouterr().err
+    assert code in (1, 2) and "fsdp=True shards language-model agents" in err, err
