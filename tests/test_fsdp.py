@@ -1,4 +1,4 @@
-"""Sharded agents (``fsdp=True``): FSDP2 across 2 gloo ranks under torchrun, on a tiny GPT-2.
+"""Sharded agents (``fsdp=True``): FSDP2 across gloo ranks under torchrun, on a tiny GPT-2.
 
 One torchrun launch (2 ranks) trains two LM agents with MAGRPO, sharded per decoder layer; the
 same run in one process, unsharded, is the reference:
@@ -15,6 +15,8 @@ same run in one process, unsharded, is the reference:
   the local shards' storages) are about half of the unsharded run's;
 * MADPO (the joint DPO loss over both sharded agents, margins against sharded references) trains
   like one unsharded process too;
+* a 2-D mesh (4 ranks, ``fsdp_shard_size=2``: shard in pairs, replicate across them) trains like
+  one unsharded process on all 4 ranks' items, with half the bytes per rank;
 * stopping after one step and resuming from the sharded checkpoint (``torch.distributed.checkpoint``)
   gives the uninterrupted run's weights;
 * ``save_model`` writes one consolidated Hugging Face folder per agent, which reloads to the
@@ -86,9 +88,9 @@ def length_reward(a, b):
     return [float(len(a[0]) + len(b[0]))]
 
 
-def run(model_dir, *, learner="magrpo", reference=True, fsdp=False, items_per_step=2, rollout_buffer_size=2, save_to=None, output_dir=None, max_steps=None, resume=None):
+def run(model_dir, *, learner="magrpo", reference=True, fsdp=False, shard_size=None, items=4, items_per_step=2, rollout_buffer_size=2, save_to=None, output_dir=None, max_steps=None, resume=None):
     """Train 2 LM agents for 2 batches; returns weights, probe log-probs and measured bytes."""
-    task = FunctionTask(length_reward, lambda item: item["prompt"], dataset=[{"prompt": p} for p in PROMPTS], num_agents=2, num_turns=1)
+    task = FunctionTask(length_reward, lambda item: item["prompt"], dataset=[{"prompt": PROMPTS[i % len(PROMPTS)]} for i in range(items)], num_agents=2, num_turns=1)
     settings = dict(max_new_tokens=6, temperature=1.0, top_p=None, top_k=None)
     # score_prompts_once=False beside gradient checkpointing: with it, HF drops the prompt's cache
     # in train mode, and no-grad scoring (the reference KL's) then misses the prompt (a scorer issue
@@ -105,7 +107,7 @@ def run(model_dir, *, learner="magrpo", reference=True, fsdp=False, items_per_st
         num_agents=2, num_turns=1, num_train_epochs=1, max_new_tokens=6, temperature=1.0, top_p=1.0,
         top_k=None, items_per_step=items_per_step, rollout_buffer_size=rollout_buffer_size, eval_interval=0,
         logging_steps=1, progress_bar=False, early_termination_threshold=None, agent_learning_rate=1e-2,
-        max_grad_norm=1.0, seed=5, fsdp=fsdp, save_final_checkpoint=output_dir is not None, output_dir=output_dir,
+        max_grad_norm=1.0, seed=5, fsdp=fsdp, fsdp_shard_size=shard_size, save_final_checkpoint=output_dir is not None, output_dir=output_dir,
         max_steps=max_steps,
     )
     if learner == "madpo":  # the joint DPO loss over both agents, against sharded references
@@ -273,6 +275,41 @@ def test_two_sharded_ranks_train_like_one_unsharded_process(tmp_path, model_dir)
         for name, value in reloaded.state_dict().items():
             if name in sharded["weights"][agent]:
                 assert torch.equal(value, sharded["weights"][agent][name]), (agent, name)
+
+
+MESH_SCRIPT = r"""
+import os, sys, torch
+sys.path.insert(0, {tests!r})
+torch.set_num_threads(1)
+from test_fsdp import run
+result = run({model_dir!r}, fsdp=True, shard_size=2, items=8, items_per_step=1, rollout_buffer_size=1)
+torch.save(result, os.path.join({out!r}, f"rank{{os.environ['RANK']}}.pt"))
+sys.stdout.flush(); sys.stderr.flush()
+os._exit(0)
+"""
+
+
+def test_a_2d_mesh_shards_in_pairs_and_replicates_across_them(tmp_path, model_dir):
+    """4 ranks, ``fsdp_shard_size=2``: two groups of 2 shard, the groups replicate (HSDP). The 4
+    ranks' items train like one unsharded process on all of them; each rank holds half."""
+    out = tmp_path / "ranks"
+    out.mkdir()
+    script = tmp_path / "rank.py"
+    script.write_text(MESH_SCRIPT.format(tests=TESTS, model_dir=model_dir, out=str(out)))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_port", str(_free_port()), str(script)],
+        capture_output=True, text=True, timeout=400, env=env,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(4)]
+    single = run(model_dir, items=8, items_per_step=4, rollout_buffer_size=4)
+    assert [r["world_size"] for r in ranks] == [4] * 4 and ranks[0]["steps"] == single["steps"] == 2
+    assert_trained_alike(ranks[0], single, CausalLMPolicy.from_pretrained(model_dir).model.state_dict())
+    for what in ("param_bytes", "grad_bytes", "optimizer_bytes", "reference_bytes"):
+        for agent, whole in single[what].items():
+            for rank in ranks:
+                assert 0.45 * whole <= rank[what][agent] <= 0.6 * whole, (what, agent, rank[what][agent], whole)
 
 
 def test_fsdp_with_mp_placement_is_one_line_error():

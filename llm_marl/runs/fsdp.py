@@ -83,10 +83,9 @@ def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
         raise ValueError(f"fsdp=True is not supported by {name} yet (supported: MAGRPO, MAREINFORCE, MARLOO, MAReMax, MADPO); train without fsdp")
     if trainer.args.reference_kl_enabled and trainer.args.reference_devices is not None:
         raise ValueError("fsdp=True shards each reference model across the ranks; reference_devices does not apply (leave it None)")
-    if trainer.args.fsdp_shard_size not in (None, trainer.dist.world_size):
-        raise ValueError(
-            f"fsdp_shard_size={trainer.args.fsdp_shard_size} (a 2-D mesh) is not supported yet; use None (shard across all {trainer.dist.world_size} ranks)"
-        )
+    world, shard = trainer.dist.world_size, trainer.args.fsdp_shard_size or trainer.dist.world_size
+    if world % shard:
+        raise ValueError(f"fsdp_shard_size={shard} must divide the number of ranks ({world}): groups of {shard} ranks shard, the groups replicate")
     if optimizers is not None:
         raise ValueError("fsdp=True builds each agent's optimizer over its shards; pass optimizers=None")
     for agent in trainer.agents:
@@ -106,7 +105,10 @@ def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
     from torch.distributed.device_mesh import init_device_mesh
 
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    mesh = init_device_mesh(device_type, (trainer.dist.world_size,))
+    if shard == world:  # every rank holds 1/W of each weight
+        mesh = init_device_mesh(device_type, (world,))
+    else:  # a 2-D mesh: shard within groups of `shard` ranks, replicate across the groups (HSDP)
+        mesh = init_device_mesh(device_type, (world // shard, shard), mesh_dim_names=("replicate", "shard"))
     sharded = {}
     for agent in trainer.agents:
         policy = trainer.policies[agent]
@@ -248,7 +250,8 @@ class ShardedModel:
 
 
 def grad_norm(params: list[torch.nn.Parameter], max_norm: float | None) -> torch.Tensor:
-    """The total 2-norm of sharded gradients (their local shards' squares summed over ranks),
+    """The total 2-norm of sharded gradients (their local shards' squares summed over the ranks
+    of a shard group),
     after clipping them to ``max_norm`` like ``clip_grad_norm_`` (coefficient ``max_norm /
     (norm + 1e-6)``, at most 1)."""
     import torch.distributed as dist
@@ -258,7 +261,9 @@ def grad_norm(params: list[torch.nn.Parameter], max_norm: float | None) -> torch
     total = torch.zeros((), dtype=torch.float64)
     for g in local:
         total += g.detach().double().pow(2).sum().cpu()
-    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    mesh = next((g.device_mesh for g in grads if is_sharded(g)), None)
+    group = mesh.get_group(mesh.ndim - 1) if mesh is not None else None  # 2-D mesh: the shard group (replicas agree)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
     norm = total.sqrt().float()
     if max_norm is not None:
         coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
