@@ -13,6 +13,7 @@ keeps a run from slowing down many times over when other work shares the CPUs
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 from typing import Any
@@ -64,11 +65,14 @@ _HOMES = {
 
 def _lazy_exports(package: str, homes: dict[str, tuple[str, ...]]) -> tuple[list[str], Any, Any]:
     """``(__all__, __getattr__, __dir__)`` for ``package``: each name of ``homes`` (module ->
-    names) is imported from its module on first access, then kept in the package."""
+    names) is imported from its module on first access, then kept in the package; any other name
+    that is a submodule is imported (``llm_marl.envs.dialogue`` after ``import llm_marl.envs``)."""
     home_of = {name: module for module, names in homes.items() for name in names}
 
     def getattr_(name: str) -> Any:
         if name not in home_of:
+            if not name.startswith("__") and importlib.util.find_spec(f"{package}.{name}") is not None:
+                return importlib.import_module(f"{package}.{name}")  # a submodule, as an eager package had it
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         value = getattr(importlib.import_module(home_of[name]), name)
         setattr(sys.modules[package], name, value)

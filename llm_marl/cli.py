@@ -210,11 +210,27 @@ def _add_config_flags(parser: argparse.ArgumentParser, config_class: type, learn
         if field.name == "num_threads":
             flags.append("--threads")
         default = field.default if field.default is not dataclasses.MISSING else field.default_factory()  # type: ignore[misc]
-        text = f"{docs[field.name]} (default: {default!r})".replace("%", "%%")
+        text = f"{plain_text(docs[field.name])} (default: {default!r})".replace("%", "%%")
         bare = {"nargs": "?", "const": "true"} if types_[field.name] is bool else {}  # a bool flag alone means true (--fsdp)
         groups[section].add_argument(
             *flags, dest=f"cfg_{field.name}", default=argparse.SUPPRESS, metavar=_metavar(types_[field.name]), help=text, **bare
         )
+
+
+def plain_text(text: str) -> str:
+    """Docstring text without its reStructuredText markup, for ``--help``: ````x```` -> x,
+    ``:class:`~a.b.C``` -> C, ``:func:`label <target>``` -> label."""
+    import re
+
+    def role(match: "re.Match[str]") -> str:
+        body = match.group(1)
+        label = re.match(r"(.*?)\s*<[^>]*>$", body)
+        if label:
+            return label.group(1)
+        return body.rpartition(".")[2] if body.startswith("~") else body.lstrip("!")
+
+    text = re.sub(r":[a-z]+(?::[a-z]+)?:`([^`]+)`", role, text)
+    return re.sub(r"``([^`]+)``", r"\1", text)
 
 
 def _prescan(argv: Sequence[str], flag: str) -> str | None:
@@ -627,6 +643,21 @@ def cmd_view(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
+DESCRIPTION = "llm-marl: train teams of language models to cooperate with reinforcement learning."
+
+EPILOG = """\
+first commands:
+  llm-marl train                  the main job: two SmolLM2-135M-Instruct LoRA adapters learn to
+                                  agree on answers (NameMatch-v0); about 2-3 min on a quiet 2-core
+                                  CPU plus about 1 min to fetch and convert the model the first time
+  llm-marl train --model tiny     the same loop on two tiny local GPT-2s (WritingCollab-v0)
+  llm-marl list                   environments, learners and policies
+  llm-marl train --help           every config field as a flag
+
+A run ends with a table of eval reward before and after training and sample answers, and leaves
+TensorBoard logs, checkpoints, summary.json and the trained agents (final/) in its run folder."""
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, with errors as one line (no usage dump) raised as UsageError."""
 
@@ -637,8 +668,11 @@ class _Parser(argparse.ArgumentParser):
 def parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The ``llm-marl`` parser; ``argv`` selects the learner whose config fields become flags."""
     learner = _learner_of(argv)
-    config_class, _ = learner_classes(learner)
-    root = _Parser(prog="llm-marl", description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    # Only `train` and `eval` need the learner's config class (and so torch): `--help`, `list`
+    # and `models` build their parsers without importing it.
+    command = next((token for token in argv if not token.startswith("-")), None)
+    config_class = learner_classes(learner)[0] if command in ("train", "eval") else None
+    root = _Parser(prog="llm-marl", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     commands = root.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     def common(p: argparse.ArgumentParser) -> None:
@@ -651,16 +685,19 @@ def parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         group.add_argument("--env", help="env id (`llm-marl list`), an entry point package.module:factory, or an id from --import or an installed package's llm_marl.envs entry points")
         group.add_argument("--policy", choices=["tabular", "lm"], help="policy kind for every agent (default tabular; lm without --env)")
         group.add_argument("--model", help="for --policy lm: a model folder, a run's final/ folder (agent_i each), a hub id, a named model (smollm2-135m; `llm-marl models`), or 'tiny'")
-        group.add_argument("--learner", choices=sorted(LEARNERS), help=f"learner (default magrpo; this help shows {config_class.__name__})")
+        group.add_argument("--learner", choices=sorted(LEARNERS), help=f"learner (default magrpo; this help shows {config_name})")
         group.add_argument("--system-prompt", "--system_prompt", dest="system_prompt", metavar="TEXT", help="for --policy lm with a chat template: a system message before each prompt")
         group.add_argument("--actions", help="comma-separated menu for --policy tabular (default: the task's menu)")
         group.add_argument("--train-items", "--train_items", dest="train_items", type=int, metavar="N", help="train on the first N dataset rows only (N >= 1)")
         common(p)
-        _add_config_flags(p, config_class, learner)
+        if config_class is not None:
+            _add_config_flags(p, config_class, learner)
 
+    config_name = config_class.__name__ if config_class is not None else f"{LEARNERS[learner]}Config"
+    config_file = config_class.__module__.replace(".", "/") if config_class is not None else "llm_marl/learners/config"
     description = (
-        f"Train agents. Config class: {config_class.__name__} (--learner {learner}; fields documented in "
-        f"{config_class.__module__.replace('.', '/')}.py). Every field is a flag and a --config YAML key."
+        f"Train agents. Config class: {config_name} (--learner {learner}; fields documented in "
+        f"{config_file}.py). Every field is a flag and a --config YAML key."
     )
     usage = "%(prog)s [--env ID | --config YAML] [--policy tabular|lm] [--learner NAME] [--FIELD VALUE ...]"
     train = commands.add_parser("train", allow_abbrev=False, help="train agents (no arguments: the embedded default run)", description=description, usage=usage + " [--resume | --overwrite]")

@@ -1,24 +1,21 @@
-"""The PettingZoo face of a task."""
+"""The PettingZoo face of a task.
 
+The names below are imported on first use (as in :mod:`llm_marl`), so that ``llm-marl list``
+reads the registry without loading the env classes and their dependencies.
+"""
+
+from llm_marl import _lazy_exports
 from llm_marl._moved import alias_modules
 
 alias_modules({"llm_marl.envs.plugins": "llm_marl.envs.registry"})
 
-from llm_marl.envs.adapters import DiscreteMenuWrapper, TokenIdsWrapper
-from llm_marl.envs.dialogue import Branch, DialogueEnv, ScoredStep
-from llm_marl.envs.registry import make, register, registered_ids
-from llm_marl.envs.spaces import Utterance
-from llm_marl.envs.turn_based import AECWrapper
-
-__all__ = [
-    "AECWrapper",
-    "Branch",
-    "ScoredStep",
-    "DialogueEnv",
-    "DiscreteMenuWrapper",
-    "TokenIdsWrapper",
-    "Utterance",
-    "make",
-    "register",
-    "registered_ids",
-]
+__all__, __getattr__, __dir__ = _lazy_exports(
+    __name__,
+    {
+        "llm_marl.envs.adapters": ("DiscreteMenuWrapper", "TokenIdsWrapper"),
+        "llm_marl.envs.dialogue": ("Branch", "DialogueEnv", "ScoredStep"),
+        "llm_marl.envs.registry": ("make", "register", "registered_ids"),
+        "llm_marl.envs.spaces": ("Utterance",),
+        "llm_marl.envs.turn_based": ("AECWrapper",),
+    },
+)

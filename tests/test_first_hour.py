@@ -1,0 +1,73 @@
+"""What a new user meets in the first hour (issue 35): the listing commands start without torch,
+the help reads as plain text, and the README agrees with what the command prints."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def _run_cli(args: list[str], cwd: Path | None = None) -> tuple[int, str, list[str]]:
+    """Run ``llm-marl ARGS`` in a fresh interpreter; (exit status, output, heavy modules it imported)."""
+    probe = (
+        "import sys\n"
+        "from llm_marl.cli import main\n"
+        "try:\n"
+        "    code = main(sys.argv[1:])\n"
+        "except SystemExit as exc:\n"
+        "    code = exc.code or 0\n"
+        "heavy = [m for m in ('torch', 'transformers', 'datasets', 'peft') if m in sys.modules]\n"
+        "print('HEAVY=' + ','.join(heavy))\n"
+        "sys.exit(code)\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep))
+    done = subprocess.run([sys.executable, "-c", probe, *args], capture_output=True, text=True, env=env, cwd=cwd, timeout=120)
+    out = done.stdout + done.stderr
+    heavy = re.search(r"^HEAVY=(.*)$", done.stdout, re.M)
+    assert heavy, out
+    return done.returncode, out, [m for m in heavy.group(1).split(",") if m]
+
+
+@pytest.mark.parametrize("args", [["--help"], ["list"], ["models"]], ids=["help", "list", "models"])
+def test_listing_commands_do_not_import_torch(args, tmp_path):
+    code, out, heavy = _run_cli(args, cwd=tmp_path)
+    assert code == 0, out
+    assert "torch" not in heavy and "transformers" not in heavy, f"llm-marl {' '.join(args)} imported {heavy}"
+    assert "datasets" not in heavy, f"llm-marl {' '.join(args)} imported {heavy}"
+
+
+def test_help_is_plain_text_and_names_the_first_commands(tmp_path):
+    code, out, _ = _run_cli(["--help"], cwd=tmp_path)
+    assert code == 0
+    assert "``" not in out and not re.search(r":(class|func|mod|data|meth):`", out), out
+    assert "llm-marl train --model tiny" in out and "llm-marl list" in out
+
+
+def test_train_help_still_lists_the_config_fields(tmp_path):
+    code, out, heavy = _run_cli(["train", "--learner", "iac", "--help"], cwd=tmp_path)
+    assert code == 0
+    assert "--critic_learning_rate" in out and "IACConfig" in out
+    assert "``" not in out
+
+
+def test_models_size_is_the_readmes(tmp_path):
+    code, out, _ = _run_cli(["models"], cwd=tmp_path)
+    assert code == 0
+    [printed] = re.findall(r"(\d+) MB converted", out)
+    assert f"{printed} MB converted" in README, f"`llm-marl models` says {printed} MB converted; the README does not"
+    assert f"full SmolLM2 model is {printed} MB" in README
+
+
+def test_readme_names_every_shipped_environment():
+    from llm_marl.envs.registry import SHIPPED
+
+    missing = [env_id for env_id in SHIPPED if f"`{env_id}`" not in README]
+    assert not missing, f"README's list of environments leaves out {missing}"
