@@ -158,12 +158,70 @@ MAIN_RUN_MODELS = ("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct")
 """Models the main job's settings were made for (a named model or its hub id)."""
 
 
-def default_options(model: Any) -> dict[str, Any]:
-    """The embedded default run for ``--model`` (None: the main job's model): :data:`MAIN_RUN`
-    for SmolLM2-135M-Instruct, :data:`DEFAULT_RUN` (the tiny-model writing run) otherwise."""
+LEARNER_FAMILIES = {
+    "magrpo": "reinforce",
+    "mareinforce": "reinforce",
+    "marloo": "reinforce",
+    "maremax": "reinforce",
+    "iac": "actor_critic",
+    "maac": "actor_critic",
+    "madpo": "preference",
+    "madpoiter": "preference",
+    "marlhf": "rlhf",
+    "marlhfiter": "rlhf",
+}
+"""The family of each learner the command lists: the embedded defaults are made per family."""
+
+FOREIGN_FIELDS: dict[str, tuple[str, ...]] = {
+    "reinforce": (),
+    # answer g of every agent forms joint action g, and the critic makes the advantages
+    "actor_critic": ("joint_mode", "advantage_mode"),
+    # MADPO's reference enters the DPO margins (dpo_reference), not a KL penalty on returns
+    "preference": ("reference_kl_enabled", "reference_kl_coef"),
+    # MARLHF's RL phase is a REINFORCE learner: the reference KL penalty applies there
+    "rlhf": (),
+}
+"""Fields of the embedded defaults (REINFORCE settings) that a family's config refuses or
+ignores: dropped from its defaults, so a user who never named them never meets them."""
+
+TINY_FAMILY_RUNS: dict[str, dict[str, Any]] = {
+    "reinforce": {},
+    # tests/test_actor_critic_lm.py: IAC and MAAC gain +0.10 (seeds 0-2) over 48 items at this rate
+    "actor_critic": {"critic_learning_rate": 3e-4},
+    # tests/test_preference_lm.py: MADPO gains > 0.05 on the writing reward with these (slow test)
+    "preference": {"preference_num_candidates": 4, "preference_pairs_per_sample": 4, "dpo_beta": 0.1},
+    # tests/test_preference_lm.py: the reward model of a tiny team fits at this rate
+    "rlhf": {"preference_num_candidates": 4, "preference_pairs_per_sample": 4, "reward_learning_rate": 1e-3, "reward_num_train_epochs": 1},
+}
+"""What :data:`DEFAULT_RUN` changes for each family's tiny run (``--model tiny --learner NAME``):
+a handful of candidates instead of the anchor's 80 or 20, so one pass over the 64 items takes
+about as long as MAGRPO's."""
+
+TINY_LEARNER_RUNS: dict[str, dict[str, Any]] = {
+    "madpoiter": {"num_iterations": 2},
+    "marlhfiter": {"num_iterations": 2},
+}
+"""Per learner, on top of :data:`TINY_FAMILY_RUNS`: two rounds instead of the anchor's six."""
+
+
+def default_options(model: Any, learner: str = "magrpo") -> dict[str, Any]:
+    """The embedded default run for ``--model`` (None: the main job's model) and ``--learner``:
+    :data:`MAIN_RUN` for SmolLM2-135M-Instruct, :data:`DEFAULT_RUN` (the tiny-model writing run)
+    otherwise; without the fields the learner's family does not use (:data:`FOREIGN_FIELDS`)
+    and, for the tiny run, with the family's own settings (:data:`TINY_FAMILY_RUNS`)."""
+    key = str(learner).lower()
+    family = LEARNER_FAMILIES.get(key, "reinforce")
     if model is None or str(model).strip().lower() in {m.lower() for m in MAIN_RUN_MODELS}:
-        return dict(MAIN_RUN)
-    return dict(DEFAULT_RUN)
+        options = dict(MAIN_RUN)
+    else:
+        options = dict(DEFAULT_RUN)
+        options.update(TINY_FAMILY_RUNS[family])
+        options.update(TINY_LEARNER_RUNS.get(key, {}))
+    for name in FOREIGN_FIELDS[family]:
+        options.pop(name, None)
+    if key in LEARNERS:
+        options["learner"] = key
+    return options
 
 
 class UsageError(Exception):
@@ -297,10 +355,10 @@ def _run_options(ns: argparse.Namespace, use_default: bool) -> tuple[dict[str, A
     its field; and the keys the user gave (flags and YAML)."""
     from llm_marl.learners.config_types import ConfigTypeError, coerce_mapping, coerce_value, field_types
 
-    options: dict[str, Any] = default_options(getattr(ns, "model", None)) if use_default else {"policy": "tabular", "learner": "magrpo"}
-    tiny_default = use_default and options["env"] == DEFAULT_RUN["env"]
     loaded = _load_yaml(ns.config) if ns.config else {}
-    learner = getattr(ns, "learner", None) or loaded.get("learner") or options["learner"]
+    learner = getattr(ns, "learner", None) or loaded.get("learner") or "magrpo"
+    options: dict[str, Any] = default_options(getattr(ns, "model", None), learner) if use_default else {"policy": "tabular", "learner": "magrpo"}
+    tiny_default = use_default and options["env"] == DEFAULT_RUN["env"]
     config_class, _ = learner_classes(learner)
     _check_keys(list(loaded), config_class, f"--config {ns.config}")
     options.update(coerce_mapping(config_class, loaded, source=ns.config or ""))
@@ -462,9 +520,11 @@ def cmd_train(ns: argparse.Namespace, argv: Sequence[str]) -> int:
 def _describe_default(options: dict[str, Any]) -> str:
     model = options.get("model") or "tiny"
     kind = "LoRA adapters of" if options.get("lora_r") is not None else "full models"
+    learner = str(options.get("learner", "magrpo")).lower()
+    name = LEARNERS.get(learner, learner.upper())
     if model == "tiny":
-        return f"two tiny local LMs ({kind.split(' of')[0]}), {options.get('learner', 'magrpo').upper()}, {options['env']}"
-    return f"{kind} {model}, {options.get('learner', 'magrpo').upper()}, {options['env']}"
+        return f"two tiny local LMs ({kind.split(' of')[0]}), {name}, {options['env']}"
+    return f"{kind} {model}, {name}, {options['env']}"
 
 
 def resume_command(argv: Sequence[str], output_dir: str) -> str:
