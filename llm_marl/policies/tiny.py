@@ -335,6 +335,9 @@ def _build(directory: Path, corpus: Sequence[str], settings: dict[str, Any]) -> 
     with torch.random.fork_rng(devices=[]):  # leave the caller's global RNG untouched
         torch.manual_seed(settings["seed"])
         model = GPT2LMHeadModel(config)
+    # GPT2LMHeadModel's class name names no loss, so transformers would warn "loss_type=None ...
+    # unrecognized" and fall back to this same causal-LM loss: name it (not saved with the model).
+    model.loss_type = "ForCausalLM"
     stats = _pretrain(model, tokenizer, corpus, settings)
     model.eval()
     model.generation_config.pad_token_id = eos_id
