@@ -17,12 +17,6 @@ import pytest
 from llm_marl import assembly, cli
 from llm_marl.cli import FOREIGN_FIELDS, LEARNER_FAMILIES, LEARNERS, main, parser
 
-# The reward model's joint text outgrows the tiny model's 256 positions (issue 34 fixes it).
-RLHF_PENDING = pytest.mark.xfail(reason="issue 34: MARLHF's reward-model input outgrows the tiny model (IndexError)", strict=False)
-
-
-def _cases() -> list:
-    return [pytest.param(name, marks=RLHF_PENDING if LEARNER_FAMILIES[name] == "rlhf" else (), id=name) for name in LEARNERS]
 
 
 def _tiny_options(learner: str) -> dict:
@@ -56,7 +50,7 @@ def test_each_learners_tiny_defaults_make_a_valid_config_of_its_own_family(learn
         assert args.num_iterations == 2
 
 
-@pytest.mark.parametrize("learner", _cases())
+@pytest.mark.parametrize("learner", list(LEARNERS))
 def test_each_learner_trains_with_the_tiny_model_and_no_learner_flags(learner, tmp_path, capsys):
     out = tmp_path / learner
     argv = ["train", "--model", "tiny", "--learner", learner, "--output_dir", str(out),
