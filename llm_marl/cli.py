@@ -820,6 +820,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     in_main_thread = signal.getsignal(signal.SIGTERM) is not None and _main_thread()
     previous = signal.signal(signal.SIGTERM, on_sigterm) if in_main_thread else None
+    from llm_marl.runs import progress
+
+    shown = progress.enable(True)  # the command shows every long phase, piped or not
     try:
         ns = parser(argv).parse_args(argv)
         return ns.func(ns, argv)
@@ -838,6 +841,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"llm-marl: error: {type(exc).__name__}: {exc}\n(run again with --debug for the traceback)", file=sys.stderr)
         return 1
     finally:
+        progress.enable(shown)
         warnings.formatwarning = formatwarning
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)

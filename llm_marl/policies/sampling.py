@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from llm_marl.policies.lm_runner import ModelRunner
+from llm_marl.runs import progress
 
 __all__ = ["DrawSettings", "decode", "draw", "prefill", "repeat_with_room"]
 
@@ -171,6 +172,8 @@ def decode(
         token = draw_token(logits, ban_eos=step < min_new_tokens)
         if on_step is not None:
             on_step(logits, token)
+        if progress._LISTENERS:  # an evaluation's bar follows the tokens
+            progress.decode_step(step + 1, max_new_tokens)
         token = token.masked_fill(finished, pad_token_id)
         drawn.append(token)
         finished |= torch.isin(token, eos)

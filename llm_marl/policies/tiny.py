@@ -47,6 +47,7 @@ import logging
 import math
 import os
 import shutil
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -54,6 +55,7 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
+from llm_marl.runs import progress
 from llm_marl.tasks.writing.corpus import pydoc_paragraphs
 
 __all__ = [
@@ -316,6 +318,13 @@ def _build(directory: Path, corpus: Sequence[str], settings: dict[str, Any]) -> 
     from transformers import GPT2Config, GPT2LMHeadModel
 
     started = time.perf_counter()
+    if progress.enabled() and settings["pretrain_steps"]:
+        print(
+            f"llm-marl: building the tiny model once (a tokenizer, then {settings['pretrain_steps']} pre-training steps; "
+            "about a minute on a 2-core CPU); later runs load it from the cache",
+            file=sys.stderr,
+            flush=True,
+        )
     tokenizer = _train_tokenizer(corpus, settings["vocab_size"], settings["n_positions"])
     eos_id = tokenizer.eos_token_id
     config = GPT2Config(
@@ -381,6 +390,7 @@ def _pretrain(model, tokenizer, corpus, settings) -> dict[str, Any]:
     model.train()
     started = time.perf_counter()
     losses: list[float] = []
+    shown = progress.bar(steps, "building the tiny model", "step")
     for step in range(steps):
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
@@ -390,8 +400,10 @@ def _pretrain(model, tokenizer, corpus, settings) -> dict[str, Any]:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         losses.append(loss.item())
+        shown.update(1)
         if (step + 1) % 100 == 0:
             logger.info("tiny model pre-training step %d/%d loss %.3f", step + 1, steps, loss.item())
+    shown.close()
     window = max(1, min(20, steps // 5))
     return {
         "pretrain_seconds": round(time.perf_counter() - started, 2),
