@@ -555,19 +555,36 @@ def _interrupted_message(stop: Any, argv: Sequence[str], output_dir: str) -> str
     )
 
 
+EVAL_BEFORE_FILE = "eval_before.json"
+"""The run's first evaluation and sample answers, written before training so that the summary of
+a resumed run still shows "before" (``run_folder.OWN_ENTRIES`` lists it)."""
+
+
 def train_and_summarize(trainer: Any, options: dict[str, Any], resume: str | bool | None = None) -> dict[str, Any] | None:
     """Evaluate, train, evaluate again, save the models to ``output_dir/final`` and write
-    ``summary.json``; returns the summary (None on ranks other than 0)."""
+    ``summary.json``; returns the summary (None on ranks other than 0).
+
+    A new run records its first evaluation in ``output_dir/eval_before.json``; a resumed run
+    reads it back, so its summary has "before" too, and counts the batches trained since the
+    resume beside the run's total."""
     main_rank = trainer.dist.is_main
     run_dir = trainer.args.output_dir
     if main_rank:
         print(f"llm-marl: run directory {run_dir} (TensorBoard: tensorboard --logdir {run_dir}/logs)")
     sharded = bool(getattr(trainer, "sharded", None))  # fsdp: every rank gathers the weights, rank 0 plays
-    before = samples_before = None
+    first: dict[str, Any] = {}
     if not resume and (main_rank or sharded):
         before = trainer.evaluate()
         with trainer.gathered_weights():
             samples_before = _samples(trainer) if main_rank else None
+        if main_rank:
+            first = {"eval_before": before, "samples_before": samples_before}
+            os.makedirs(run_dir, exist_ok=True)
+            with open(os.path.join(run_dir, EVAL_BEFORE_FILE), "w") as f:
+                json.dump(first, f, indent=2, default=str)
+    elif main_rank and os.path.isfile(os.path.join(run_dir, EVAL_BEFORE_FILE)):
+        with open(os.path.join(run_dir, EVAL_BEFORE_FILE)) as f:
+            first = json.load(f)
     started = time.time()
     state = trainer.train(resume_from_checkpoint=resume)
     if sharded:
@@ -577,6 +594,7 @@ def train_and_summarize(trainer: Any, options: dict[str, Any], resume: str | boo
         trainer.save_model(os.path.join(run_dir, "final"))
     if not main_rank:
         return None
+    resumed_at = (getattr(trainer, "resumed_from", None) or {}).get("batch_step") if resume else None
     if not sharded:
         after = trainer.evaluate()
         samples_after = _samples(trainer)
@@ -584,12 +602,14 @@ def train_and_summarize(trainer: Any, options: dict[str, Any], resume: str | boo
         "options": dict(options),
         "seconds": round(time.time() - started, 1),
         "batches": state.batch_step,
+        "resumed_from_batch": resumed_at,
+        "batches_since_resume": state.batch_step - resumed_at if resumed_at is not None else None,
         "optimizer_steps": state.global_step,
         "skipped_items": state.skipped_items,
-        "eval_before": before,
+        "eval_before": first.get("eval_before"),
         "eval_after": after,
-        "sample_prompts": _sample_prompts(trainer) if samples_before is not None else None,
-        "samples_before": samples_before,
+        "sample_prompts": _sample_prompts(trainer),
+        "samples_before": first.get("samples_before"),
         "samples_after": samples_after,
     }
     if not sharded:
@@ -604,7 +624,12 @@ def format_summary(summary: dict[str, Any]) -> str:
     before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
     names = sorted(set(before) | set(after))
     width = max([len(n) for n in names] + [6])
-    lines = ["", f"trained {summary['batches']} batches, {summary['optimizer_steps']} optimizer steps in {summary['seconds']} s"]
+    trained = f"trained {summary['batches']} batches"
+    if summary.get("resumed_from_batch") is not None:
+        trained += f" in all ({summary['batches_since_resume']} since the resume from batch {summary['resumed_from_batch']})"
+    lines = ["", f"{trained}, {summary['optimizer_steps']} optimizer steps in all; {summary['seconds']} s in this session"
+             if summary.get("resumed_from_batch") is not None else
+             f"{trained}, {summary['optimizer_steps']} optimizer steps in {summary['seconds']} s"]
     lines.append(f"{'metric':<{width}}  {'before':>10}  {'after':>10}")
     for name in names:
         b = f"{before[name]:.4f}" if name in before else "-"

@@ -191,3 +191,28 @@ def test_an_entry_point_that_does_not_import_is_a_usage_error(capsys):
     assert main(["train", "--env", "no_such_pkg_xyz.tasks:Guess"]) == 2
     err = capsys.readouterr().err
     assert "--env no_such_pkg_xyz.tasks:Guess: cannot import module 'no_such_pkg_xyz.tasks'" in err
+
+
+def test_a_resumed_runs_summary_has_before_after_both_batch_counts_and_the_prompts(tmp_path, capsys):
+    """Issue 35: after a resume, "before" is the run's first evaluation (not '-'), the batches
+    since the resume are counted beside the total, and the samples keep their prompts."""
+    config = tmp_path / "run.yaml"
+    config.write_text("env: CoordinationGame-v0\npolicy: tabular\nlearner: magrpo\nnum_turns: 1\n"
+                      "num_train_epochs: 6\nsave_steps: 2\neval_interval: 0\nprogress_bar: false\n"
+                      "early_termination_threshold: null\n")
+    out = tmp_path / "run"
+    assert main(["train", "--config", str(config), "--output_dir", str(out), "--max_steps", "4"]) == 0
+    first = json.load(open(out / "summary.json"))
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--output_dir", str(out), "--resume"]) == 0
+    printed = capsys.readouterr().out
+    resumed = json.load(open(out / "summary.json"))
+    assert first["eval_before"] and resumed["eval_before"] == first["eval_before"]
+    assert resumed["samples_before"] == first["samples_before"]
+    assert resumed["batches"] == 6 and resumed["resumed_from_batch"] == 4 and resumed["batches_since_resume"] == 2
+    assert resumed["sample_prompts"] == first["sample_prompts"] and resumed["sample_prompts"]
+    assert "trained 6 batches in all (2 since the resume from batch 4)" in printed
+    assert f"eval item 0: {first['sample_prompts'][0]!r}" in printed
+    table = [line for line in printed.splitlines() if line.startswith("eval/turn_1/reward_mean")]
+    assert table and " - " not in table[0], table
+    assert "  before " in printed and "  after " in printed

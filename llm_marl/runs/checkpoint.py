@@ -276,6 +276,7 @@ def load(trainer: Any, path: str) -> None:
     trainer._unfinished = None  # a batch left by a failed update belongs to the state replaced here
     fields = {f.name for f in dataclasses.fields(trainer.state)}
     trainer.state = type(trainer.state)(**{k: v for k, v in saved["state"].items() if k in fields})
+    trainer.resumed_from = {"checkpoint": path, "batch_step": trainer.state.batch_step}  # the command's summary reads it
 
 
 def _extras(trainer: Any) -> dict[str, Any]:

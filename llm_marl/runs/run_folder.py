@@ -78,10 +78,11 @@ def read_identity(output_dir: str) -> dict[str, Any] | None:
         return json.load(f)
 
 
-OWN_ENTRIES = frozenset({"wandb", "rollouts"})
+OWN_ENTRIES = frozenset({"wandb", "rollouts", "eval_before.json"})
 """Entries a trainer makes in its output_dir before training claims the folder — W&B's run
-files (``report_to="wandb"``, made when the trainer is built) and the rollouts an evaluation
-before training records — so alone they do not make a folder "used"."""
+files (``report_to="wandb"``, made when the trainer is built), the rollouts an evaluation
+before training records, and the command's record of that evaluation (``eval_before.json``,
+which a resumed run's summary reads) — so alone they do not make a folder "used"."""
 
 
 def is_empty(output_dir: str) -> bool:
