@@ -365,7 +365,8 @@ def make_env(env_id: str, split: str | None = None, num_turns: int | None = None
     except UnknownEnvError as exc:
         raise AssemblyError(str(exc)) from None
     except (ImportError, AttributeError) as exc:
-        raise AssemblyError(f"--env {env_id}: {exc}") from None
+        message = str(exc)  # an entry point's own message starts with it
+        raise AssemblyError(f"--env {message}" if message.startswith(f"{env_id}: ") else f"--env {env_id}: {message}") from None
     except TypeError as exc:
         if num_turns is not None and "num_turns" in str(exc):
             fixed = make_env(env_id, split, None)  # a fixed-length factory: N may be its own horizon

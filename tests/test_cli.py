@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
+from pathlib import Path
 
 import pytest
 import torch
@@ -190,7 +193,25 @@ def test_eval_of_a_saved_policy_uses_its_saved_sampling_settings(tmp_path, capsy
 def test_an_entry_point_that_does_not_import_is_a_usage_error(capsys):
     assert main(["train", "--env", "no_such_pkg_xyz.tasks:Guess"]) == 2
     err = capsys.readouterr().err
-    assert "--env no_such_pkg_xyz.tasks:Guess: cannot import module 'no_such_pkg_xyz.tasks'" in err
+    assert f"--env no_such_pkg_xyz.tasks:Guess: no module named 'no_such_pkg_xyz' in the current folder {os.getcwd()} or on the Python path" in err
+    assert err.count("no_such_pkg_xyz.tasks:Guess") == 1  # named once, no 'X''s quoting
+
+
+def test_an_env_module_in_the_current_folder_is_found_as_python_m_finds_it(tmp_path, monkeypatch, capsys):
+    """Issue 35: `llm-marl train --env echo_task:Echo`, run from the folder that holds
+    echo_task.py (the README's Echo snippet), trains without PYTHONPATH=."""
+    import sys
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    [snippet] = [block for block in re.findall(r"^```python\n(.*?)^```", readme, flags=re.S | re.M) if "class Echo(" in block]
+    (tmp_path / "echo_task.py").write_text(snippet)
+    [command] = [line.strip() for line in readme.splitlines() if line.strip().startswith("llm-marl train --env echo_task:Echo")]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    monkeypatch.delitem(sys.modules, "echo_task", raising=False)
+    argv = shlex.split(command)[1:] + ["--output_dir", str(tmp_path / "run"), "--max_steps", "2", "--progress_bar", "false"]
+    assert main(argv) == 0, capsys.readouterr().err
+    assert (tmp_path / "run" / "summary.json").is_file()
 
 
 def test_a_resumed_runs_summary_has_before_after_both_batch_counts_and_the_prompts(tmp_path, capsys):

@@ -143,7 +143,7 @@ def test_bad_entry_points_fail_naming_the_id(scratch_registry):
     with pytest.raises(AttributeError, match=r"'Missing-v0'.*has no attribute 'no_such_game'"):
         registry.make("Missing-v0")
     registry.register("NoModule-v0", "llm_marl.no_such_module:Task")
-    with pytest.raises(ImportError, match=r"'llm_marl.no_such_module' of 'NoModule-v0'"):
+    with pytest.raises(ImportError, match=r"'NoModule-v0' \(entry point 'llm_marl.no_such_module:Task'\): no module named 'llm_marl.no_such_module' in the current folder"):
         registry.make("NoModule-v0")
     registry.register("NotATask-v0", "llm_marl.tasks.matrix:penalty_matrix", task=True)
     with pytest.raises(TypeError, match=r"'NotATask-v0' was registered as a task but returned tuple"):

@@ -53,6 +53,8 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
+import os
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
@@ -183,17 +185,53 @@ def resolve(entry_point: str | Callable[..., Any], env_id: str = "?") -> Callabl
     if not isinstance(entry_point, str):
         return entry_point
     module_name, attr = _split_entry_point(env_id, entry_point)
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ImportError(f"cannot import module {module_name!r} of {env_id!r}'s entry point {entry_point!r}: {exc}") from exc
+    subject = entry_point if env_id == entry_point else f"{env_id!r} (entry point {entry_point!r})"
+    obj: Any = import_here(module_name, subject)
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise AttributeError(f"{env_id!r}'s entry point {entry_point!r}: {module_name!r} has no attribute {attr!r}")
+            raise AttributeError(f"{subject}: module {module_name!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise TypeError(f"{env_id!r}'s entry point {entry_point!r} is not callable: {obj!r}")
+        raise TypeError(f"{subject} is not callable: {obj!r}")
     return obj
+
+
+def import_here(module_name: str, subject: str) -> Any:
+    """Import ``module_name`` as ``python -m`` would find it: on the Python path, else in the
+    current folder (which a console script such as ``llm-marl`` does not search by itself; once
+    a module is found there, the folder stays on the path). A module that is really missing is
+    a ``ModuleNotFoundError`` naming it and the folder searched."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if not _is_the_module(exc, module_name):
+            raise ImportError(f"{subject}: importing module {module_name!r} failed: {exc}") from exc
+        missing = exc
+    here = os.getcwd()
+    if here not in sys.path and "" not in sys.path:
+        sys.path.insert(0, here)
+        importlib.invalidate_caches()
+        try:
+            return importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            sys.path.remove(here)
+            if not _is_the_module(exc, module_name):
+                raise ImportError(f"{subject}: importing module {module_name!r} failed: {exc}") from exc
+            missing = exc
+        except BaseException:
+            sys.path.remove(here)
+            raise
+    raise ModuleNotFoundError(
+        f"{subject}: no module named {missing.name!r} in the current folder {here} or on the Python path",
+        name=missing.name,
+    )
+
+
+def _is_the_module(exc: ModuleNotFoundError, module_name: str) -> bool:
+    """Whether ``exc`` says ``module_name`` itself (or a package above it) is missing, not a
+    module it imports."""
+    parts = module_name.split(".")
+    return exc.name in {".".join(parts[: i + 1]) for i in range(len(parts))}
 
 
 def _split_entry_point(env_id: str, entry_point: str) -> tuple[str, str]:
