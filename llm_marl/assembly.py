@@ -12,7 +12,8 @@ source means the same in a YAML file and in a CoMLRL script:
   Settings saved with a model (``llm_marl_policy.json``) are its defaults; the config's sampling
   fields override them where the caller counts them as given (``explicit``; None: all);
 - a list, one source per agent;
-- a folder of per-agent models ``agent_0 ... agent_{N-1}`` (a run's ``final/``);
+- a folder of per-agent models, one folder per agent named as the agent (a run's ``final/``:
+  ``final/player_1``) or ``agent_0 ... agent_{N-1}`` (runs saved before agents' own names were used);
 - a team's saved adapters, ``agent_i/adapter_config.json`` or ``<agent>/adapter_config.json``
   (a LoRA team run's ``final/``, ``LoRATeam.save_pretrained``): the team is loaded on the base
   the adapters name and training continues them;
@@ -166,7 +167,7 @@ def _adapter_team(
 
 def _sources(model: Any, agents: list[str], label: str) -> tuple[list[Any], bool]:
     """One source per agent, and whether they are one source repeated (objects are then copied):
-    a list, a folder with ``agent_0 ... agent_{N-1}``, or one source for all. A local-looking path
+    a list, a folder with one folder per agent (``<agent>`` or ``agent_0 ... agent_{N-1}``), or one source for all. A local-looking path
     that does not exist, or a near miss of a model name, is an error."""
     if isinstance(model, (list, tuple)):
         sources = [str(s) if isinstance(s, os.PathLike) else s for s in model]
@@ -175,9 +176,11 @@ def _sources(model: Any, agents: list[str], label: str) -> tuple[list[Any], bool
         _check_distinct_models(sources)
         shared = False
     elif isinstance(model, (str, os.PathLike)):
+        from llm_marl.runs.run_dir import saved_agent_folders
+
         model = str(model)
-        per_agent = [os.path.join(model, f"agent_{i}") for i in range(len(agents))]
-        sources, shared = (per_agent, False) if all(os.path.isdir(p) for p in per_agent) else ([model] * len(agents), True)
+        per_agent = saved_agent_folders(model, agents) if os.path.isdir(model) else None
+        sources, shared = (per_agent, False) if per_agent is not None else ([model] * len(agents), True)
     else:
         sources, shared = [model] * len(agents), True
     for path in sources:
@@ -220,10 +223,12 @@ def _check_distinct_models(sources: list[Any]) -> None:
 
 def saved_adapters(model: Any, agents: Sequence[str]) -> dict[str, str] | None:
     """Agent -> adapter folder where ``model`` is a team's saved adapters: a run's ``final/``
-    (``agent_0 ... agent_{N-1}``) or ``LoRATeam.save_pretrained``'s ``<agent>/`` folders; else None."""
+    (``<agent>/``, or ``agent_0 ... agent_{N-1}`` from before) or ``LoRATeam.save_pretrained``'s ``<agent>/`` folders; else None."""
     if not isinstance(model, (str, os.PathLike)) or not os.path.isdir(model):
         return None
-    for names in ([f"agent_{i}" for i in range(len(agents))], list(agents)):
+    from llm_marl.runs.run_dir import agent_folders
+
+    for names in (agent_folders(list(agents)), [f"agent_{i}" for i in range(len(agents))], list(agents)):
         folders = [os.path.join(model, name) for name in names]
         if all(os.path.isfile(os.path.join(f, "adapter_config.json")) for f in folders):
             return dict(zip(agents, folders))

@@ -769,7 +769,7 @@ def parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         group.add_argument("--config", help="YAML file of config fields and env/policy/learner/model/actions/import")
         group.add_argument("--env", help="env id (`llm-marl list`), an entry point package.module:factory, or an id from --import or an installed package's llm_marl.envs entry points")
         group.add_argument("--policy", choices=["tabular", "lm"], help="policy kind for every agent (default tabular; lm without --env)")
-        group.add_argument("--model", help="for --policy lm: a model folder, a run's final/ folder (agent_i each), a hub id, a named model (smollm2-135m; `llm-marl models`), or 'tiny'")
+        group.add_argument("--model", help="for --policy lm: a model folder, a run's final/ folder (a folder per agent: final/player_1 ..., or agent_i from older runs), a hub id, a named model (smollm2-135m; `llm-marl models`), or 'tiny'")
         group.add_argument("--learner", choices=sorted(LEARNERS), help=f"learner (default magrpo; this help shows {config_name})")
         group.add_argument("--system-prompt", "--system_prompt", dest="system_prompt", metavar="TEXT", help="for --policy lm with a chat template: a system message before each prompt")
         group.add_argument("--actions", help="comma-separated menu for --policy tabular (default: the task's menu)")

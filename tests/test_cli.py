@@ -47,7 +47,7 @@ def test_train_tabular_climbing_learns_and_writes_a_run(tmp_path, capsys):
     assert "eval/turn_1/reward_mean" in printed and "before" in printed and "after" in printed
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(out / "logs"))
     assert (out / "checkpoint-60" / "manifest.json").exists()
-    assert (out / "final" / "agent_0" / "policy.pt").exists()
+    assert (out / "final" / "row" / "policy.pt").exists() and (out / "final" / "column" / "policy.pt").exists()
 
 
 def test_yaml_config_flags_override_it_and_resume_continues(tmp_path, capsys):
@@ -178,12 +178,18 @@ def test_eval_of_a_saved_policy_uses_its_saved_sampling_settings(tmp_path, capsy
 
     model_dir = build_tiny_model(tmp_path / "tiny", pretrain_steps=1, batch_size=2, n_layer=1, n_embd=32)
     policy = CausalLMPolicy.from_pretrained(model_dir, temperature=0.3, top_p=0.8, top_k=7, max_new_tokens=5)
-    for i in range(2):
-        policy.save_pretrained(tmp_path / "run" / "final" / f"agent_{i}")
+    for agent in ("row", "column"):  # a run's final/: a folder per agent, named as the agent
+        policy.save_pretrained(tmp_path / "run" / "final" / agent)
     base = ["eval", "--env", "CoordinationGame-v0", "--policy", "lm", "--eval_num_samples", "1"]
-    assert main([*base, "--model", str(tmp_path / "run" / "final" / "agent_0")]) == 0
+    assert main([*base, "--model", str(tmp_path / "run" / "final" / "row")]) == 0
     out = capsys.readouterr().out
     assert "max_new_tokens=5, temperature=0.3, top_p=0.8, top_k=7; saved with the model" in out
+    assert main([*base, "--model", str(tmp_path / "run" / "final"), "--temperature", "0.9"]) == 0
+    out = capsys.readouterr().out
+    assert f"row: model {tmp_path / 'run' / 'final' / 'row'} (max_new_tokens=5, temperature=0.9" in out
+    assert f"column: model {tmp_path / 'run' / 'final' / 'column'}" in out
+    os.rename(tmp_path / "run" / "final" / "row", tmp_path / "run" / "final" / "agent_0")  # a run saved before agents' names
+    os.rename(tmp_path / "run" / "final" / "column", tmp_path / "run" / "final" / "agent_1")
     assert main([*base, "--model", str(tmp_path / "run" / "final"), "--temperature", "0.9"]) == 0
     out = capsys.readouterr().out
     assert f"row: model {tmp_path / 'run' / 'final' / 'agent_0'} (max_new_tokens=5, temperature=0.9" in out

@@ -71,3 +71,20 @@ def test_readme_names_every_shipped_environment():
 
     missing = [env_id for env_id in SHIPPED if f"`{env_id}`" not in README]
     assert not missing, f"README's list of environments leaves out {missing}"
+
+
+def test_saved_folders_use_the_agents_names_and_old_agent_i_folders_still_read(tmp_path):
+    from llm_marl.runs.run_dir import agent_folders, saved_agent_folders
+
+    assert agent_folders(["player_1", "player_2"]) == ["player_1", "player_2"]
+    assert agent_folders(["agent_0", "agent_1"]) == ["agent_0", "agent_1"]  # the CoMLRL constructor's: dir/agent_{i}
+    for unsafe in (["a/b", "c"], ["critic", "x"], ["A", "a"], ["", "b"], ["..", "b"]):
+        assert agent_folders(unsafe) == ["agent_0", "agent_1"], unsafe
+    for name in ("player_1", "player_2"):
+        (tmp_path / "new" / name).mkdir(parents=True)
+    for name in ("agent_0", "agent_1"):
+        (tmp_path / "old" / name).mkdir(parents=True)
+    agents = ["player_1", "player_2"]
+    assert saved_agent_folders(str(tmp_path / "new"), agents) == [str(tmp_path / "new" / a) for a in agents]
+    assert saved_agent_folders(str(tmp_path / "old"), agents) == [str(tmp_path / "old" / f"agent_{i}") for i in range(2)]
+    assert saved_agent_folders(str(tmp_path), agents) is None

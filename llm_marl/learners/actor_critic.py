@@ -335,11 +335,14 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
         return extras
 
     def save_model(self, output_dir: str) -> None:
-        """Agents as :meth:`MAGRPOTrainer.save_model`; critics to ``agent_{i}/critic`` (IAC) or
+        """Agents as :meth:`MAGRPOTrainer.save_model`; critics to ``<agent>/critic`` (IAC) or
         ``critic`` (MAAC), with ``save_pretrained`` where they have it, else ``critic.pt``."""
+        from llm_marl.runs.run_dir import agent_folders
+
         super().save_model(output_dir)
+        folders = agent_folders(self.agents)
         for i, critic in enumerate(self.critics.values()):
-            target = os.path.join(output_dir, "critic") if self.central else os.path.join(output_dir, f"agent_{i}", "critic")
+            target = os.path.join(output_dir, "critic") if self.central else os.path.join(output_dir, folders[i], "critic")
             os.makedirs(target, exist_ok=True)
             if hasattr(critic, "save_pretrained"):
                 critic.save_pretrained(target)

@@ -281,11 +281,15 @@ class MAGRPOTrainer(JointUpdate):
             warnings.warn(message, stacklevel=4)
 
     def save_model(self, output_dir: str) -> None:
-        """Write each agent's policy to ``output_dir/agent_{i}`` (``save_pretrained`` where the
-        policy has it, else a torch state dict ``policy.pt``). With ``fsdp=True`` every rank calls
-        it; rank 0 writes each agent's consolidated weights as one Hugging Face folder."""
-        for i, agent in enumerate(self.agents):
-            target = os.path.join(output_dir, f"agent_{i}")
+        """Write each agent's policy to ``output_dir/<agent>`` (``final/player_1``; the drop-in
+        constructor's agents are ``agent_i``, as CoMLRL writes them; :func:`~llm_marl.runs.run_dir.agent_folders`)
+        with ``save_pretrained`` where the policy has it, else a torch state dict ``policy.pt``.
+        With ``fsdp=True`` every rank calls it; rank 0 writes each agent's consolidated weights as
+        one Hugging Face folder."""
+        from llm_marl.runs.run_dir import agent_folders
+
+        for agent, folder in zip(self.agents, agent_folders(self.agents)):
+            target = os.path.join(output_dir, folder)
             os.makedirs(target, exist_ok=True)
             policy = self.policies[agent]
             if agent in self.sharded:

@@ -353,7 +353,7 @@ class LoRATeam:
         """Load the base with the ``Auto*`` classes and give each agent a new LoRA adapter
         (``r``, ``alpha``, ``target_modules``: None lets peft pick the attention projections of
         known architectures), or with ``adapters=dir`` the saved adapters ``dir/<agent>/`` (or
-        ``adapters={agent: folder}``, e.g. a run's ``final/agent_i``), which keep their own ``r``,
+        ``adapters={agent: folder}``, e.g. a run's ``final/<agent>``), which keep their own ``r``,
         ``alpha`` and target modules.
         ``dtype`` (e.g. ``"bfloat16"``) is the base's weight dtype; agent ``i``'s new adapter is
         initialised from seed ``init_seed + i`` (the global RNG is untouched); ``settings`` are
