@@ -53,6 +53,7 @@ from llm_marl.runs.fsdp import gathered, save_consolidated, shard_agents
 from llm_marl.runs.interrupt import StopRequests, TrainingInterrupted
 from llm_marl.runs.logging import RunLogger, flush_pending, open_wandb, wants_wandb
 from llm_marl.runs.recording import RolloutRecorder
+from llm_marl.runs.run_dir import agent_folders
 from llm_marl.tasks.base import TaskError
 
 
@@ -281,13 +282,10 @@ class MAGRPOTrainer(JointUpdate):
             warnings.warn(message, stacklevel=4)
 
     def save_model(self, output_dir: str) -> None:
-        """Write each agent's policy to ``output_dir/<agent>`` (``final/player_1``; the drop-in
-        constructor's agents are ``agent_i``, as CoMLRL writes them; :func:`~llm_marl.runs.run_dir.agent_folders`)
-        with ``save_pretrained`` where the policy has it, else a torch state dict ``policy.pt``.
-        With ``fsdp=True`` every rank calls it; rank 0 writes each agent's consolidated weights as
-        one Hugging Face folder."""
-        from llm_marl.runs.run_dir import agent_folders
-
+        """Write each agent's policy to ``output_dir/<agent>`` (:func:`~llm_marl.runs.run_dir.agent_folders`:
+        ``final/player_1``; the drop-in constructor's ``agent_i``, as CoMLRL) with ``save_pretrained``
+        where the policy has it, else ``policy.pt``. With ``fsdp=True`` every rank calls it; rank 0
+        writes each agent's consolidated weights as one Hugging Face folder."""
         for agent, folder in zip(self.agents, agent_folders(self.agents)):
             target = os.path.join(output_dir, folder)
             os.makedirs(target, exist_ok=True)
