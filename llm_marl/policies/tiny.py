@@ -321,7 +321,7 @@ def _build(directory: Path, corpus: Sequence[str], settings: dict[str, Any]) -> 
     if progress.enabled() and settings["pretrain_steps"]:
         print(
             f"llm-marl: building the tiny model once (a tokenizer, then {settings['pretrain_steps']} pre-training steps; "
-            "about a minute on a 2-core CPU); later runs load it from the cache",
+            "about a minute on a quiet 2-core CPU); later runs load it from the cache",
             file=sys.stderr,
             flush=True,
         )
