@@ -174,7 +174,7 @@ def test_cli_trains_with_iac_and_maac(tmp_path, capsys):
         assert summary["optimizer_steps"] == 20
         assert summary["eval_after"]["eval/turn_1/reward_mean"] in (2.0, 10.0)  # a coordinated cell
         final = out / "final"
-        critic_files = ["critic/critic.pt"] if learner == "maac" else ["agent_0/critic/critic.pt", "agent_1/critic/critic.pt"]
+        critic_files = ["critic/critic.pt"] if learner == "maac" else ["row/critic/critic.pt", "column/critic/critic.pt"]
         assert all((final / f).exists() for f in critic_files)
         assert any(name.startswith("critic_0") for name in os.listdir(out / "checkpoint-20"))
     main(["list"])

@@ -42,7 +42,7 @@ def tree_digest(folder: Path) -> dict[str, str]:
 
 
 def final_tables(run_dir: Path) -> list[dict]:
-    return [torch.load(run_dir / "final" / f"agent_{i}" / "policy.pt", weights_only=False) for i in range(2)]
+    return [torch.load(run_dir / "final" / agent / "policy.pt", weights_only=False) for agent in ("row", "column")]
 
 
 def assert_same_tables(left: list[dict], right: list[dict]) -> None:
