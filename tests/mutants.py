@@ -759,8 +759,49 @@ MUTANTS: list[Mutant] = [
         "if limit is not None and gap > 1e9:",
         ("tests/test_sampler_gap.py::test_max_sampler_gap_stops_the_run_before_the_step",),
     ),
+    Mutant(
+        "llm-marl --help, list and models build the learner's config flags (torch loads)",
+        "llm_marl/cli.py",
+        'config_class = learner_classes(learner)[0] if command in ("train", "eval") else None',
+        "config_class = learner_classes(learner)[0]",
+        ("tests/test_first_hour.py::test_listing_commands_do_not_import_torch",),
+    ),
+    Mutant(
+        "a learner family's tiny defaults keep the REINFORCE-only fields",
+        "llm_marl/cli.py",
+        "    for name in FOREIGN_FIELDS[family]:\n        options.pop(name, None)",
+        "    for name in FOREIGN_FIELDS[family]:\n        pass",
+        ("tests/test_tiny_learners.py::test_each_learners_tiny_defaults_make_a_valid_config_of_its_own_family",),
+    ),
+    Mutant(
+        "a resumed run's summary forgets the run's first evaluation",
+        "llm_marl/cli.py",
+        "    elif main_rank and os.path.isfile(os.path.join(run_dir, EVAL_BEFORE_FILE)):",
+        "    elif False:",
+        ("tests/test_cli.py::test_a_resumed_runs_summary_has_before_after_both_batch_counts_and_the_prompts",),
+    ),
+    Mutant(
+        "--env module:attr does not look in the current folder",
+        "llm_marl/envs/registry.py",
+        '    if here not in sys.path and "" not in sys.path:',
+        "    if False:",
+        ("tests/test_cli.py::test_an_env_module_in_the_current_folder_is_found_as_python_m_finds_it",),
+    ),
+    Mutant(
+        "saved folders are agent_i again, not the agents' names",
+        "llm_marl/runs/run_dir.py",
+        "    if plain and len({name.lower() for name in names}) == len(names):\n        return names",
+        "    if plain and len({name.lower() for name in names}) == len(names):\n        return [f\"agent_{i}\" for i in range(len(names))]",
+        ("tests/test_first_hour.py::test_saved_folders_use_the_agents_names_and_old_agent_i_folders_still_read",),
+    ),
+    Mutant(
+        "an evaluation's bar moves only when a batch ends",
+        "llm_marl/policies/sampling.py",
+        "        if progress._LISTENERS:  # an evaluation's bar follows the tokens",
+        "        if False:  # an evaluation's bar follows the tokens",
+        ("tests/test_progress.py::test_an_evaluation_counts_items_done_of_total_while_one_batch_decodes",),
+    ),
 ]
-
 
 def run_one(mutant: Mutant, timeout: float) -> tuple[str, str, float]:
     """(status, detail, seconds) of one mutant: killed, survived, stale or timeout."""
