@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib
 import json
 import os
 import shlex
@@ -424,11 +423,17 @@ def build_trainer(options: dict[str, Any], explicit: set[str] | None = None) -> 
 
 
 def _import_modules(names: Sequence[str]) -> None:
+    """Import each ``--import`` module, looking in the current folder too (as ``--env module:attr``)."""
+    if not names:
+        return
+    from llm_marl.envs.registry import import_here
+
     for name in names:
         try:
-            importlib.import_module(name)
+            import_here(name, name)
         except ImportError as exc:
-            raise UsageError(f"--import {name}: cannot import it ({exc})") from None
+            detail = str(exc).removeprefix(f"{name}: ")
+            raise UsageError(f"--import {name}: cannot import it ({detail})") from None
 
 
 def _make_policies(options: dict[str, Any], env: Any, args: Any, explicit: set[str] | None = None) -> list[Any]:
