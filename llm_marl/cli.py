@@ -760,9 +760,9 @@ def parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The ``llm-marl`` parser; ``argv`` selects the learner whose config fields become flags."""
     learner = _learner_of(argv)
     # Only `train` and `eval` need the learner's config class (and so torch): `--help`, `list`
-    # and `models` build their parsers without importing it.
+    # and `models` build their parsers without importing it. parser() with no argv is complete.
     command = next((token for token in argv if not token.startswith("-")), None)
-    config_class = learner_classes(learner)[0] if command in ("train", "eval") else None
+    config_class = learner_classes(learner)[0] if command in ("train", "eval") or not argv else None
     root = _Parser(prog="llm-marl", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     commands = root.add_subparsers(dest="command", required=True, parser_class=_Parser)
 

@@ -762,7 +762,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "llm-marl --help, list and models build the learner's config flags (torch loads)",
         "llm_marl/cli.py",
-        'config_class = learner_classes(learner)[0] if command in ("train", "eval") else None',
+        'config_class = learner_classes(learner)[0] if command in ("train", "eval") or not argv else None',
         "config_class = learner_classes(learner)[0]",
         ("tests/test_first_hour.py::test_listing_commands_do_not_import_torch",),
     ),
