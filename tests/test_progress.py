@@ -29,7 +29,7 @@ def shown(monkeypatch):
 
     def bar(total, desc, unit, *, show=True):
         if not show:
-            return progress._Quiet()
+            return progress.Quiet()
         bars.append(Recorder(total, desc, unit))
         return bars[-1]
 

@@ -54,7 +54,7 @@ def evaluate(trainer: Any, num_eval_samples: int | None = None) -> dict[str, flo
     skip = args.reward_error_policy == "skip"
     roots: list[RolloutNode] = []
     shown = progress.bar(count, "evaluating", "item", show=bool(getattr(args, "progress_bar", True)))
-    with _items_in_flight(shown, args.num_turns * _sampling_calls(trainer.policies)) as batch:
+    with _ItemsInFlight(shown, args.num_turns * _sampling_calls(trainer.policies)) as batch:
         for start in range(0, count, args.eval_batch_size):
             indices = list(range(start, min(start + args.eval_batch_size, count)))
             batch.begin(len(indices))
@@ -87,7 +87,7 @@ def _sampling_calls(policies: Mapping[str, Any]) -> int:
     return max(1, len(callers))
 
 
-class _items_in_flight:
+class _ItemsInFlight:
     """Moves an eval bar through the items of the batch being decoded: the batch's items times
     the share of its sampling calls (``calls`` per batch) and of their tokens done so far."""
 
@@ -95,8 +95,8 @@ class _items_in_flight:
         self.shown, self.calls = shown, calls
         self.done = self.size = self.started = 0
 
-    def __enter__(self) -> "_items_in_flight":
-        self._listening = progress.listening(self._step) if not isinstance(self.shown, progress._Quiet) else None
+    def __enter__(self) -> "_ItemsInFlight":
+        self._listening = progress.listening(self._step) if not isinstance(self.shown, progress.Quiet) else None
         if self._listening is not None:
             self._listening.__enter__()
         return self

@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
-__all__ = ["bar", "decode_step", "enable", "enabled", "listening", "phase"]
+__all__ = ["Quiet", "bar", "decode_step", "enable", "enabled", "listening", "phase"]
 
 _ENABLED: bool | None = None
 _LISTENERS: list[Callable[[int, int], None]] = []
@@ -49,7 +49,7 @@ def enabled() -> bool:
         return False
 
 
-class _Quiet:
+class Quiet:
     """Stands in for a bar when progress does not show."""
 
     n: float = 0
@@ -65,7 +65,7 @@ def bar(total: int, desc: str, unit: str, *, show: bool = True) -> Any:
     """A tqdm bar of ``total`` ``unit`` on stderr (a silent stand-in when ``show`` is False or
     progress is off)."""
     if not (show and enabled()):
-        return _Quiet()
+        return Quiet()
     from tqdm.auto import tqdm
 
     return tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, mininterval=0.5, file=sys.stderr)
