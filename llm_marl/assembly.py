@@ -360,6 +360,7 @@ def make_env(env_id: str, split: str | None = None, num_turns: int | None = None
     the horizon it builds."""
     from llm_marl.envs import make
     from llm_marl.envs.registry import UnknownEnvError, find
+    from llm_marl.learners.checks import env_horizon
 
     kwargs: dict[str, Any] = {} if split is None else {"split": split}
     if num_turns is not None:
@@ -375,7 +376,7 @@ def make_env(env_id: str, split: str | None = None, num_turns: int | None = None
     except TypeError as exc:
         if num_turns is not None and "num_turns" in str(exc):
             fixed = make_env(env_id, split, None)  # a fixed-length factory: N may be its own horizon
-            horizon = getattr(getattr(fixed, "task", None), "num_turns", None) if fixed is not None else None
+            horizon = env_horizon(fixed) if fixed is not None else None
             if fixed is not None and horizon == num_turns:
                 return fixed
             played = f"{horizon} turn{'s' if horizon != 1 else ''}" if horizon is not None else "a fixed length"
@@ -390,7 +391,7 @@ def make_env(env_id: str, split: str | None = None, num_turns: int | None = None
         if split is None:
             raise
         return None  # no eval split
-    played = getattr(getattr(env, "task", None), "num_turns", None)
+    played = env_horizon(env)
     if num_turns is not None and played is not None and played != num_turns:
         raise AssemblyError(f"--num_turns {num_turns}: env {env_id} was built with {played} turns per episode (its factory ignores num_turns)")
     return env
@@ -427,12 +428,13 @@ def tabular_policies(env: Any, actions: Any, env_id: str) -> list[Any]:
 
 def make_config(config_class: type, settings: dict[str, Any], env: Any) -> Any:
     """``config_class(**settings)``, its agent count and horizon taken from ``env`` unless given."""
+    from llm_marl.learners.checks import env_horizon
     from llm_marl.learners.config_types import coerce_mapping
 
     try:
         values = coerce_mapping(config_class, settings)
         values.setdefault("num_agents", len(env.possible_agents))
-        values.setdefault("num_turns", getattr(getattr(env, "task", None), "num_turns", 1))
+        values.setdefault("num_turns", env_horizon(env) or 1)  # a task's horizon, or an env's own (OpenSpiel games)
         return config_class(**values)
     except ValueError as exc:
         raise AssemblyError(f"config: {exc}") from None

@@ -204,3 +204,16 @@ def test_independent_reinforce_at_k1_trains_and_is_scored_exactly():
     args = argparse.Namespace(epochs=3, items=8, items_per_step=4, k=4, lr=0.1, diagnose=True)
     value, gain = bench.train_one("REINFORCE K=1", "B", 0, args)
     assert 0.0 <= value <= 1.0 and gain >= -1e-9
+
+
+def test_the_command_trains_on_a_game_id_with_its_own_horizon(tmp_path):
+    """`llm-marl train --env TinyHanabi-E-v0` takes the game's 2 turns as num_turns (no flag)."""
+    import json
+
+    from llm_marl.cli import main
+
+    out = tmp_path / "run"
+    assert main(["train", "--env", "TinyHanabi-E-v0", "--actions", "0,1,2", "--max_steps", "2", "--output_dir", str(out)]) == 0
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any("eval/turn_2/reward_mean" in row and "eval/player_0/illegal_rate" in row for row in rows)
+    assert '"num_turns": 2' in (out / "run.json").read_text()
