@@ -81,3 +81,30 @@ def test_a_full_model_in_train_mode_scores_like_in_eval_mode(model_dir):
         noisy = CausalLMPolicy.from_pretrained(model_dir, model_kwargs=DROPOUT, disable_dropout=False, max_new_tokens=8, temperature=1.0)
     with torch.no_grad():
         assert not torch.allclose(noisy.train().log_probs(observations, completions), eval_scores, atol=1e-3)
+
+
+def test_checkpointing_in_train_mode_scores_without_gradients_like_with_them(model_dir):
+    """Scoring under ``torch.no_grad()`` with checkpointing on (train mode) — the reference KL,
+    critics' targets, a frozen comparator — gives the eval-mode scores. Fails without the cache
+    check in ``ModelRunner.run_prompts``: HF hands back a cache that holds none of the prompt, so
+    answers sharing a prompt were scored without it (off by 0.6 nats)."""
+    policy = CausalLMPolicy.from_pretrained(model_dir, max_new_tokens=8, temperature=1.0, top_p=None, top_k=None)
+    torch.manual_seed(5)
+    completions = [c for g in policy.sample(PROMPTS, 2) for c in g]
+    observations = [p for p in PROMPTS for _ in range(2)]  # answers share prompts: one prompt pass each
+    with torch.no_grad():
+        eval_scores = policy.eval().log_probs(observations, completions)
+    policy.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    policy.train()
+    with torch.no_grad():
+        torch.testing.assert_close(policy.log_probs(observations, completions), eval_scores, atol=1e-5, rtol=0)
+    team = team_of(model_dir, True)
+    agent = AGENTS[0]
+    team_completions = [c for g in team.sample({agent: PROMPTS}, 2)[agent] for c in g]
+    requests = {agent: (observations, team_completions)}
+    team.model.eval()
+    with torch.no_grad():
+        team_eval = team.log_probs(requests)[agent]
+    team.model.train()
+    with torch.no_grad():
+        torch.testing.assert_close(team.log_probs(requests)[agent], team_eval, atol=1e-5, rtol=0)

@@ -92,10 +92,7 @@ def run(model_dir, *, learner="magrpo", reference=True, fsdp=False, shard_size=N
     """Train 2 LM agents for 2 batches; returns weights, probe log-probs and measured bytes."""
     task = FunctionTask(length_reward, lambda item: item["prompt"], dataset=[{"prompt": PROMPTS[i % len(PROMPTS)]} for i in range(items)], num_agents=2, num_turns=1)
     settings = dict(max_new_tokens=6, temperature=1.0, top_p=None, top_k=None)
-    # score_prompts_once=False beside gradient checkpointing: with it, HF drops the prompt's cache
-    # in train mode, and no-grad scoring (the reference KL's) then misses the prompt (a scorer issue
-    # of its own, with or without fsdp)
-    policies = [SeededLM.from_pretrained(model_dir, score_prompts_once=False, **settings),
+    policies = [SeededLM.from_pretrained(model_dir, **settings),
                 SeededLM.from_pretrained(model_dir, max_batch_tokens=24, **settings)]
     model = policies[0].model
     if hasattr(model, "activation_checkpointing_enable"):  # transformers' new name

@@ -138,7 +138,17 @@ class ModelRunner:
             cache = out[self.cache_keyword]
         except KeyError:  # no cache returned (e.g. gradient checkpointing in train mode)
             cache = None
+        if cache is not None and _cached_length(cache) not in (None, input_ids.shape[1]):
+            # Gradient checkpointing in train mode under no_grad: HF returns a cache that holds
+            # none of the prompt; answers run on it would be scored without their prompt.
+            cache = None
         return out.logits[:, -1], cache
+
+
+def _cached_length(cache: Any) -> int | None:
+    """The positions a KV cache holds (None where it cannot say)."""
+    length = getattr(cache, "get_seq_length", None)
+    return int(length()) if callable(length) else None
 
 
 class LowPrecisionShadow:
