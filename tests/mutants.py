@@ -632,6 +632,27 @@ MUTANTS: list[Mutant] = [
         ("tests/test_preference_iter.py::test_madpo_iter_stops_at_max_steps_inside_a_round_and_resumes_exactly",),
     ),
     Mutant(
+        "an update steps past max_steps (issue 34.7, every learner)",
+        "llm_marl/learners/update.py",
+        "            if self._reached_max_steps():  # the rest stays planned",
+        "            if False:  # the rest stays planned",
+        ("tests/test_max_steps.py::test_stops_at_exactly_max_steps[magrpo]", "tests/test_max_steps.py::test_stops_at_exactly_max_steps[iac]"),
+    ),
+    Mutant(
+        "the rest of an update cut by max_steps is planned anew (actor-critic re-whitens what is left)",
+        "llm_marl/learners/update.py",
+        'plan, self._update_plan = getattr(self, "_update_plan", None), None',
+        "plan, self._update_plan = None, None",
+        ("tests/test_max_steps.py::test_every_cut_point_resumes_exactly",),
+    ),
+    Mutant(
+        "a checkpoint forgets the batch that max_steps cut (resume collects it again)",
+        "llm_marl/runs/checkpoint.py",
+        '"unfinished": _cut_batch(trainer)}',
+        '"unfinished": None}',
+        ("tests/test_max_steps.py::test_stopped_then_resumed_equals_uninterrupted[magrpo]",),
+    ),
+    Mutant(
         "the reward model starts in train mode (issue 34.8)",
         "llm_marl/learners/reward_model.py",
         "                p.requires_grad_(False)\n        self.eval()",

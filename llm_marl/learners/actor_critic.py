@@ -530,7 +530,8 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
         CoMLRL checks after each item (its batch is one item)."""
         if not self._counts_answers():
             super()._buffer_and_update(batch_step, roots, samples, elapsed, rest)
-            self._note_logged_returns(samples)
+            if self._unfinished is None:  # else max_steps cut the batch: it is logged once finished
+                self._note_logged_returns(samples)
             return
         self._appending = True
         try:

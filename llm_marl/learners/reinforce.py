@@ -84,9 +84,11 @@ class TrainerState:
 
 @dataclass
 class _UnfinishedBatch:
-    """A batch whose update raised. The update left the buffers as they were, so ``train()``
-    called again (the cause fixed) retries that update and appends ``rest``, instead of
-    collecting the batch a second time and training on its samples twice."""
+    """A batch whose update raised, or stopped at ``max_steps``. The update left the buffers (and,
+    cut by ``max_steps``, its remaining mini-batches) as they were, so ``train()`` called again
+    (the cause fixed, or with a higher ``max_steps``; a cut batch is checkpointed) finishes that
+    update and appends ``rest``, instead of collecting the batch a second time and training on
+    its samples twice."""
 
     batch_step: int
     roots: list[RolloutNode]
@@ -213,7 +215,8 @@ class MAGRPOTrainer(JointUpdate):
         path = checkpoint.claim_run_folder(self, resume_from_checkpoint)
         if path is not None:
             checkpoint.load(self, path)
-            self.recorder.purge(self.state.batch_step)
+            # a batch that max_steps cut was recorded already, and is finished, not collected again
+            self.recorder.purge(self.state.batch_step + (self._unfinished is not None))
         for agent in self.agents:
             self.dist.broadcast_parameters(self.trainable[agent])
         self.logger = RunLogger(
@@ -235,7 +238,8 @@ class MAGRPOTrainer(JointUpdate):
                     continue
                 if args.eval_interval and b % args.eval_interval == 0 and (self.dist.is_main or self.sharded) and self._unfinished is None:
                     self.evaluate()
-                self._train_batch(self.dist.shard(batches[b], args.items_per_step))
+                if not self._train_batch(self.dist.shard(batches[b], args.items_per_step)):
+                    break  # max_steps reached inside the batch: its rest is kept (_unfinished)
                 self.state.batch_in_epoch += 1
                 self.state.batch_step += 1
                 epoch_done = self.state.batch_in_epoch == len(batches)
@@ -300,31 +304,42 @@ class MAGRPOTrainer(JointUpdate):
     # --- one dataset batch ----------------------------------------------------------------------
 
     def _end_epoch(self) -> None:
-        """Train on what the buffers still hold, then count the epoch."""
+        """Train on what the buffers still hold, then count the epoch (unless ``max_steps`` cut
+        that update: ``train()`` again finishes it first)."""
         self._update()
+        if self._update_cut():
+            return
         self.state.epoch += 1
         self.state.batch_in_epoch = 0
 
-    def _train_batch(self, indices: list[int]) -> None:
+    def _train_batch(self, indices: list[int]) -> bool:
         """Roll out the items ``indices``, buffer their samples and update whenever the buffers
-        are full. If an update raises, the batch is kept (:class:`_UnfinishedBatch`) and the next
-        call for the same batch step finishes it."""
+        are full. If an update raises or stops at ``max_steps``, the batch is kept
+        (:class:`_UnfinishedBatch`) and the next call for the same batch step finishes it.
+        Returns whether the batch is done (False: ``max_steps`` cut it)."""
         unfinished, self._unfinished = self._unfinished, None
         if unfinished is not None and unfinished.batch_step == self.state.batch_step:
-            self._update_or_keep(unfinished)
+            if not self._update_or_keep(unfinished):
+                return False
             self._buffer_and_update(unfinished.batch_step, unfinished.roots, unfinished.samples, unfinished.elapsed, unfinished.rest)
-            return
+            return self._unfinished is None
         with self.gathered_weights():  # fsdp: every rank gathers the full weights once for its rollout
             roots, samples, elapsed = self._collect(indices)
         self._buffer_and_update(self.state.batch_step, roots, samples, elapsed, samples)
+        return self._unfinished is None
 
-    def _update_or_keep(self, unfinished: _UnfinishedBatch) -> None:
-        """:meth:`_update`; if it raises, keep ``unfinished`` for the next call to finish."""
+    def _update_or_keep(self, unfinished: _UnfinishedBatch) -> bool:
+        """:meth:`_update`; if it raises, or stops at ``max_steps``, keep ``unfinished`` for the
+        next call to finish. Returns whether the update finished."""
         try:
             self._update()
         except Exception:
             self._unfinished = unfinished
             raise
+        if self._update_cut():
+            self._unfinished = unfinished
+            return False
+        return True
 
     def _collect(self, indices: list[int]) -> tuple[list[RolloutNode], list[Sample], float]:
         """The batch's trees (items whose task raised dropped under reward_error_policy="skip"),
@@ -363,9 +378,11 @@ class MAGRPOTrainer(JointUpdate):
             for sample in group:
                 self.buffers[sample.agent].append(sample)
             if not self.dist.enabled and self._buffers_full():
-                self._update_or_keep(_UnfinishedBatch(batch_step, roots, samples, elapsed, [s for later in groups[g + 1 :] for s in later]))
+                if not self._update_or_keep(_UnfinishedBatch(batch_step, roots, samples, elapsed, [s for later in groups[g + 1 :] for s in later])):
+                    return  # max_steps: the batch is logged once it is finished
         if self.dist.enabled and self.dist.max(int(self._buffers_full())):
-            self._update_or_keep(_UnfinishedBatch(batch_step, roots, samples, elapsed, []))
+            if not self._update_or_keep(_UnfinishedBatch(batch_step, roots, samples, elapsed, [])):
+                return
         stepped = sum(len(node.joint) for node in iter_nodes(roots))
         metrics = episode_metrics(roots, args.num_turns, prefix="train")
         metrics.update(illegal_rates(roots, "train"))

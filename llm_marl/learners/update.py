@@ -87,6 +87,13 @@ class JointUpdate:
     _fsdp_supported = True
     """Whether ``fsdp=True`` shards this learner's agents (False: a one-line error; llm_marl/runs/fsdp.py)."""
 
+    _update_plan: dict | None = None
+    """The rest of an update that ``max_steps`` cut (its mini-batches, counts, next index), or None."""
+
+    def _update_cut(self) -> bool:
+        """Whether the last update stopped at ``max_steps`` with mini-batches left."""
+        return self._update_plan is not None
+
     def _buffers_full(self) -> bool:
         return all(len(self.buffers[a]) >= self.args.rollout_buffer_size for a in self.agents)
 
@@ -99,21 +106,34 @@ class JointUpdate:
         not yet trained on (still in the buffers) and ``global_step`` as they were before that
         step; steps before it stand. Gradients of all agents are held at once for this.
 
+        ``max_steps`` is checked before every optimizer step: reached, the update stops there and
+        its remaining mini-batches, cut as they were (advantages whitened over the whole buffer
+        included), are kept in ``_update_plan`` (checkpointed); the next call finishes them first,
+        so a run stopped at ``max_steps`` and continued equals one that never stopped.
+
         Distributed: every rank takes the same number of steps (the most any rank needs); a rank
         out of samples contributes zero gradient. parallel_training="mp": agents are scored
         concurrently, each on its own device.
         """
-        if not self.dist.max(int(any(len(buffer) for buffer in self.buffers.values()))):
-            return
-        if self.dist.enabled:
-            for agent in self.agents:
-                policy = self.policies[agent]
-                if hasattr(policy, "pending_observations"):
-                    policy.add_observations(self.dist.union(policy.pending_observations()))
-        size = self.args.resolved_train_batch_size
-        batches = {agent: self._minibatches(agent, size) for agent in self.agents}
-        counts = {agent: self.dist.max(len(batches[agent])) for agent in self.agents}
-        for i in range(max(counts.values())):
+        plan, self._update_plan = getattr(self, "_update_plan", None), None
+        if plan is not None:  # the rest of an update that max_steps cut: its mini-batches as planned then
+            batches, counts, first = plan["batches"], plan["counts"], plan["next"]
+        else:
+            if not self.dist.max(int(any(len(buffer) for buffer in self.buffers.values()))):
+                return
+            if self.dist.enabled:
+                for agent in self.agents:
+                    policy = self.policies[agent]
+                    if hasattr(policy, "pending_observations"):
+                        policy.add_observations(self.dist.union(policy.pending_observations()))
+            size = self.args.resolved_train_batch_size
+            batches = {agent: self._minibatches(agent, size) for agent in self.agents}
+            counts = {agent: self.dist.max(len(batches[agent])) for agent in self.agents}
+            first = 0
+        for i in range(first, max(counts.values())):
+            if self._reached_max_steps():  # the rest stays planned (checkpointed) for the next call
+                self._update_plan = {"batches": batches, "counts": counts, "next": i}
+                return
             step = {
                 agent: batches[agent][i] if i < len(batches[agent]) else []
                 for agent in self.agents

@@ -7,7 +7,8 @@ A checkpoint is the folder ``output_dir/checkpoint-{global_step}`` holding
 - ``agent_{i}/policy.pt`` and ``agent_{i}/optimizer.pt``: each agent's weights (policy
   ``state_dict``) and optimizer state, plus ``agent_{i}/reference.pt`` with reference KL;
 - ``rng.pt``: Python, NumPy, torch (and CUDA) RNG states and the policies' own generators;
-- ``buffers.pt``: the per-agent rollout buffers and the metrics not yet logged;
+- ``buffers.pt``: the per-agent rollout buffers, the metrics not yet logged and the rest of an
+  update (and of its batch) that ``max_steps`` cut;
 - ``{name}.pt`` for each of the trainer's ``checkpoint_extras()`` (actor-critic: ``critic_{i}.pt``
   and ``critic_{i}_optimizer.pt``);
 - ``manifest.json``, written last: the size and SHA-256 of every other file.
@@ -107,7 +108,8 @@ def save(trainer: Any) -> str:
         torch.save(extra.state_dict(), os.path.join(tmp, f"{name}.pt"))
     torch.save(_rng_state(trainer), os.path.join(tmp, "rng.pt"))
     torch.save(
-        {"buffers": {a: list(b.samples) for a, b in trainer.buffers.items()}, "pending": trainer._pending},
+        {"buffers": {a: list(b.samples) for a, b in trainer.buffers.items()}, "pending": trainer._pending,
+         "update_plan": getattr(trainer, "_update_plan", None), "unfinished": _cut_batch(trainer)},
         os.path.join(tmp, "buffers.pt"),
     )
     _write_json(os.path.join(tmp, "manifest.json"), _manifest(tmp))
@@ -271,12 +273,22 @@ def load(trainer: Any, path: str) -> None:
     extra = torch.load(os.path.join(path, "buffers.pt"), weights_only=False)
     from llm_marl.learners.buffer import RolloutBuffer
 
-    trainer.buffers = {a: RolloutBuffer(extra["buffers"][a]) for a in trainer.agents}
+    keys = {a: a for a in extra["buffers"]}  # the saved key objects: saved again, the pickle is byte-identical
+    trainer.buffers = {keys.get(a, a): RolloutBuffer(extra["buffers"][a]) for a in trainer.agents}
     trainer._pending = extra["pending"]
-    trainer._unfinished = None  # a batch left by a failed update belongs to the state replaced here
+    # the rest of an update that max_steps cut, and its batch; a batch left by a failed update
+    # belongs to the state replaced here
+    trainer._update_plan = extra.get("update_plan")
+    trainer._unfinished = extra.get("unfinished")
     fields = {f.name for f in dataclasses.fields(trainer.state)}
     trainer.state = type(trainer.state)(**{k: v for k, v in saved["state"].items() if k in fields})
     trainer.resumed_from = {"checkpoint": path, "batch_step": trainer.state.batch_step}  # the command's summary reads it
+
+
+def _cut_batch(trainer: Any) -> Any:
+    """The batch whose update ``max_steps`` cut (saved: resuming finishes it), or None."""
+    unfinished = getattr(trainer, "_unfinished", None)
+    return unfinished if unfinished is not None and getattr(trainer, "_update_plan", None) is not None else None
 
 
 def _extras(trainer: Any) -> dict[str, Any]:
