@@ -153,8 +153,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "partly filled buffers not consumed at the end of an epoch",
         "llm_marl/learners/reinforce.py",
-        "        self._update()\n        self.state.epoch += 1\n",
-        "        pass\n        self.state.epoch += 1\n",
+        "        self._update()\n        if not self._update_cut():",
+        "        pass\n        if not self._update_cut():",
         ("tests/test_learners.py",),
     ),
     Mutant(
@@ -182,7 +182,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "resume starts with empty rollout buffers",
         "llm_marl/runs/checkpoint.py",
-        'trainer.buffers = {a: RolloutBuffer(extra["buffers"][a]) for a in trainer.agents}',
+        'trainer.buffers = {keys.get(a, a): RolloutBuffer(extra["buffers"][a]) for a in trainer.agents}',
         "trainer.buffers = {a: RolloutBuffer() for a in trainer.agents}",
         ("tests/test_reliability.py::test_resume_from_a_checkpoint_with_filled_buffers_equals_uninterrupted",),
     ),

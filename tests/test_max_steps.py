@@ -5,6 +5,7 @@ there and resumed equals one that never stopped (the rest of the cut update is c
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 
@@ -55,6 +56,12 @@ def train(trainer, resume=None):
     return trainer
 
 
+def metrics_lines(run_dir):
+    """Every logged metric but wall-clock throughput."""
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [{k: v for k, v in json.loads(line).items() if not k.endswith("per_second")} for line in f]
+
+
 def weights(trainer):
     return {agent: policy.logits.detach().clone() for agent, policy in trainer.policies.items()}
 
@@ -62,7 +69,7 @@ def weights(trainer):
 @pytest.mark.parametrize("name", [*LEARNERS, "centralized"])
 def test_stops_at_exactly_max_steps(tmp_path, name):
     """Fails on the old main for every learner but the iterative MADPO: with three samples per update
-    and one per mini-batch, max_steps=1 and 2 took 3 steps (4 for the four-item batches)."""
+    and one per mini-batch, max_steps=1 and 2 took 3 steps."""
     full = train(build(name, tmp_path / "full")).state.global_step
     assert full >= 5
     for k in (1, 2, full - 1):
@@ -92,8 +99,9 @@ def test_stopped_then_resumed_equals_uninterrupted(tmp_path, name):
 ])
 def test_every_cut_point_resumes_exactly(tmp_path, name, overrides):
     """Cut after every step k of the run (inside a batch's update, between updates, inside the
-    end-of-epoch update), resume to the end: the weights (and, actor-critic, the critics) equal
-    an uninterrupted run's."""
+    end-of-epoch update), resume to the end: the weights (and, actor-critic, the critics) and
+    every logged metric equal an uninterrupted run's."""
+    overrides = dict(logging_steps=1, eval_interval=2, eval_num_samples=2, **overrides)
     full = train(build(name, tmp_path / "full", **overrides))
     expected = weights(full)
     for k in range(1, full.state.global_step):
@@ -101,6 +109,7 @@ def test_every_cut_point_resumes_exactly(tmp_path, name, overrides):
         assert cut.state.global_step == k
         resumed = train(build(name, tmp_path / f"k{k}", **overrides), resume=True)
         assert resumed.state.global_step == full.state.global_step, k
+        assert metrics_lines(tmp_path / f"k{k}") == metrics_lines(tmp_path / "full"), k
         for agent, logits in weights(resumed).items():
             assert torch.equal(logits, expected[agent]), (k, agent)
         for (name_, extra), (_, other) in zip(full.checkpoint_extras().items() if hasattr(full, "checkpoint_extras") else [],

@@ -236,6 +236,9 @@ class MADPOIterTrainer(MADPOTrainer):
     def _buffers_full(self) -> bool:
         return False  # a round trains once all of its items are collected
 
+    def _update_cut(self) -> bool:
+        return self.rounds.cut is not None or super()._update_cut()
+
     def _end_epoch(self) -> None:
         """Train the round; the round counts as done unless ``max_steps`` cut its training (then
         ``train()`` with a higher ``max_steps``, or resumed without one, finishes it first)."""

@@ -51,7 +51,7 @@ from llm_marl.policies.reference import frozen_references
 from llm_marl.runs.distributed import DistributedContext
 from llm_marl.runs.fsdp import gathered, save_consolidated, shard_agents
 from llm_marl.runs.interrupt import StopRequests, TrainingInterrupted
-from llm_marl.runs.logging import RunLogger, flush_pending, open_wandb, wants_wandb
+from llm_marl.runs.logging import RunLogger, flush_before, flush_pending, open_wandb, wants_wandb
 from llm_marl.runs.recording import RolloutRecorder
 from llm_marl.runs.run_dir import agent_folders
 from llm_marl.tasks.base import TaskError
@@ -214,14 +214,13 @@ class MAGRPOTrainer(JointUpdate):
         seed_everything(args.seed)
         path = checkpoint.claim_run_folder(self, resume_from_checkpoint)
         if path is not None:
-            checkpoint.load(self, path)
-            # a batch that max_steps cut was recorded already, and is finished, not collected again
+            checkpoint.load(self, path)  # a batch max_steps cut was recorded and evaluated: it is finished, not redone
             self.recorder.purge(self.state.batch_step + (self._unfinished is not None))
         for agent in self.agents:
             self.dist.broadcast_parameters(self.trainable[agent])
         self.logger = RunLogger(
             args.output_dir if self.dist.is_main else None,
-            purge_step=self.state.batch_step if resume_from_checkpoint else None,
+            purge_step=self.state.batch_step + (self._unfinished is not None) if resume_from_checkpoint else None,
             mirrors=self._mirrors(),
         )
         batches = self._batches()
@@ -232,14 +231,17 @@ class MAGRPOTrainer(JointUpdate):
             while self.state.epoch < self._num_epochs() and not self._reached_max_steps():
                 b = self.state.batch_in_epoch
                 steps_before = self.state.global_step
-                if b == len(batches):  # train() again after the epoch's closing update raised
+                if not self._cut_pending():
+                    self._batch_notes_start = {name: len(values) for name, values in self._pending.items()}
+                if b == len(batches):  # train() again after the epoch's closing update raised or was cut
                     self._end_epoch()
                     self._after_batch(progress, steps_before, True)
                     continue
                 if args.eval_interval and b % args.eval_interval == 0 and (self.dist.is_main or self.sharded) and self._unfinished is None:
                     self.evaluate()
-                if not self._train_batch(self.dist.shard(batches[b], args.items_per_step)):
-                    break  # max_steps reached inside the batch: its rest is kept (_unfinished)
+                self._train_batch(self.dist.shard(batches[b], args.items_per_step))
+                if self._unfinished is not None:
+                    break  # max_steps reached inside the batch: its rest is kept
                 self.state.batch_in_epoch += 1
                 self.state.batch_step += 1
                 epoch_done = self.state.batch_in_epoch == len(batches)
@@ -304,42 +306,23 @@ class MAGRPOTrainer(JointUpdate):
     # --- one dataset batch ----------------------------------------------------------------------
 
     def _end_epoch(self) -> None:
-        """Train on what the buffers still hold, then count the epoch (unless ``max_steps`` cut
-        that update: ``train()`` again finishes it first)."""
+        """Train on what the buffers still hold, then count the epoch (once that update is done)."""
         self._update()
-        if self._update_cut():
-            return
-        self.state.epoch += 1
-        self.state.batch_in_epoch = 0
+        if not self._update_cut():  # else max_steps cut it: train() again finishes it first
+            self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
 
-    def _train_batch(self, indices: list[int]) -> bool:
+    def _train_batch(self, indices: list[int]) -> None:
         """Roll out the items ``indices``, buffer their samples and update whenever the buffers
         are full. If an update raises or stops at ``max_steps``, the batch is kept
-        (:class:`_UnfinishedBatch`) and the next call for the same batch step finishes it.
-        Returns whether the batch is done (False: ``max_steps`` cut it)."""
+        (:class:`_UnfinishedBatch`) and the next call for the same batch step finishes it."""
         unfinished, self._unfinished = self._unfinished, None
         if unfinished is not None and unfinished.batch_step == self.state.batch_step:
-            if not self._update_or_keep(unfinished):
-                return False
-            self._buffer_and_update(unfinished.batch_step, unfinished.roots, unfinished.samples, unfinished.elapsed, unfinished.rest)
-            return self._unfinished is None
+            if self._update_or_keep(unfinished):
+                self._buffer_and_update(unfinished.batch_step, unfinished.roots, unfinished.samples, unfinished.elapsed, unfinished.rest)
+            return
         with self.gathered_weights():  # fsdp: every rank gathers the full weights once for its rollout
             roots, samples, elapsed = self._collect(indices)
         self._buffer_and_update(self.state.batch_step, roots, samples, elapsed, samples)
-        return self._unfinished is None
-
-    def _update_or_keep(self, unfinished: _UnfinishedBatch) -> bool:
-        """:meth:`_update`; if it raises, or stops at ``max_steps``, keep ``unfinished`` for the
-        next call to finish. Returns whether the update finished."""
-        try:
-            self._update()
-        except Exception:
-            self._unfinished = unfinished
-            raise
-        if self._update_cut():
-            self._unfinished = unfinished
-            return False
-        return True
 
     def _collect(self, indices: list[int]) -> tuple[list[RolloutNode], list[Sample], float]:
         """The batch's trees (items whose task raised dropped under reward_error_policy="skip"),
@@ -443,7 +426,10 @@ class MAGRPOTrainer(JointUpdate):
         self._pending.setdefault(name, []).append(value)
 
     def _flush_metrics(self, force: bool = False) -> None:
-        """Log the averaged pending training metrics at the index of the batch just trained."""
+        """Log the averaged pending training metrics at the index of the batch just trained (cut by max_steps: once finished)."""
+        if self._cut_pending():  # what earlier batches noted is logged; the batch's own wait (checkpointed)
+            self._pending, self._batch_notes_start = flush_before(self._pending, getattr(self, "_batch_notes_start", {}), self.logger, self.state.batch_step), {}
+            return
         flush_pending(self._pending, self.logger, self.state.batch_step, self.args.logging_steps, force)
 
     def _after_batch(self, progress: Any, steps_before: int, epoch_done: bool) -> None:

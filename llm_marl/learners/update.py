@@ -94,6 +94,24 @@ class JointUpdate:
         """Whether the last update stopped at ``max_steps`` with mini-batches left."""
         return self._update_plan is not None
 
+    def _cut_pending(self) -> bool:
+        """Whether ``max_steps`` cut a batch or an epoch's closing update that is still to finish."""
+        return getattr(self, "_unfinished", None) is not None or self._update_cut()
+
+    def _update_or_keep(self, unfinished: object) -> bool:
+        """:meth:`_update`; if it raises, or stops at ``max_steps``, keep ``unfinished`` (the
+        batch, :class:`~llm_marl.learners.reinforce._UnfinishedBatch`) for the next call to
+        finish. Returns whether the update finished."""
+        try:
+            self._update()
+        except Exception:
+            self._unfinished = unfinished
+            raise
+        if self._update_cut():
+            self._unfinished = unfinished
+            return False
+        return True
+
     def _buffers_full(self) -> bool:
         return all(len(self.buffers[a]) >= self.args.rollout_buffer_size for a in self.agents)
 

@@ -276,6 +276,7 @@ def load(trainer: Any, path: str) -> None:
     keys = {a: a for a in extra["buffers"]}  # the saved key objects: saved again, the pickle is byte-identical
     trainer.buffers = {keys.get(a, a): RolloutBuffer(extra["buffers"][a]) for a in trainer.agents}
     trainer._pending = extra["pending"]
+    trainer._batch_notes_start = {}  # a cut batch's checkpoint holds only that batch's metrics
     # the rest of an update that max_steps cut, and its batch; a batch left by a failed update
     # belongs to the state replaced here
     trainer._update_plan = extra.get("update_plan")

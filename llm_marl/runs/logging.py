@@ -193,6 +193,15 @@ def open_wandb(wandb_config: Mapping[str, Any] | None, run_config: Mapping[str, 
     return WandbMirror(wandb.init(**wandb_init_kwargs(wandb_config, run_config, default_dir)))
 
 
+def flush_before(pending: dict[str, list[float]], start: Mapping[str, int], logger: Any, batch_step: int) -> dict[str, list[float]]:
+    """A run stopped inside a batch: log (as :func:`flush_pending` forced) what was pending when
+    the batch began (``start``: each metric's count then) and return the batch's own values, to
+    be logged once the batch is finished, at its index, as in a run that never stopped."""
+    earlier = {name: values[: start[name]] for name, values in pending.items() if start.get(name)}
+    flush_pending(earlier, logger, batch_step, 1, force=True)
+    return {name: values[start.get(name, 0) :] for name, values in pending.items() if values[start.get(name, 0) :]}
+
+
 def flush_pending(pending: dict[str, list[float]], logger: Any, batch_step: int, every: int, force: bool = False) -> None:
     """Log the mean of each pending metric at the index of the batch just trained (``batch_step -
     1``) and empty ``pending``, every ``every`` batches (``logging_steps``) or when ``force``."""
