@@ -634,7 +634,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "an update steps past max_steps (issue 34.7, every learner)",
         "llm_marl/learners/update.py",
-        "            if self._reached_max_steps():  # the rest stays planned",
+        "            if self._reached_max_steps() and not self.dist.enabled:  # the rest stays planned",
         "            if False:  # the rest stays planned",
         ("tests/test_max_steps.py::test_stops_at_exactly_max_steps[magrpo]", "tests/test_max_steps.py::test_stops_at_exactly_max_steps[iac]"),
     ),

@@ -121,7 +121,7 @@ class MAGRPOConfig:
     weight_decay: float = 0.0
     """AdamW weight decay of the default optimizers."""
     max_steps: int | None = None
-    """Stop after exactly this many optimizer steps (checked before every step; the rest of a cut update is checkpointed, and resuming finishes it as if never stopped); None: run all epochs."""
+    """Stop after exactly this many optimizer steps (checked before every step; the rest of a cut update is checkpointed, and resuming finishes it as if never stopped; distributed: after the update); None: run all epochs."""
     items_per_step: int = 1
     """Dataset items rolled out together in one batched tree collection."""
     generation_batch_size: int | None = None

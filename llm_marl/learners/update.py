@@ -127,7 +127,8 @@ class JointUpdate:
         ``max_steps`` is checked before every optimizer step: reached, the update stops there and
         its remaining mini-batches, cut as they were (advantages whitened over the whole buffer
         included), are kept in ``_update_plan`` (checkpointed); the next call finishes them first,
-        so a run stopped at ``max_steps`` and continued equals one that never stopped.
+        so a run stopped at ``max_steps`` and continued equals one that never stopped. Distributed
+        runs still stop after the update (a checkpoint holds rank 0's buffers only).
 
         Distributed: every rank takes the same number of steps (the most any rank needs); a rank
         out of samples contributes zero gradient. parallel_training="mp": agents are scored
@@ -149,7 +150,7 @@ class JointUpdate:
             counts = {agent: self.dist.max(len(batches[agent])) for agent in self.agents}
             first = 0
         for i in range(first, max(counts.values())):
-            if self._reached_max_steps():  # the rest stays planned (checkpointed) for the next call
+            if self._reached_max_steps() and not self.dist.enabled:  # the rest stays planned (checkpointed) for the next call
                 self._update_plan = {"batches": batches, "counts": counts, "next": i}
                 return
             step = {
