@@ -312,9 +312,8 @@ class MAGRPOTrainer(JointUpdate):
             self.state.epoch, self.state.batch_in_epoch = self.state.epoch + 1, 0
 
     def _train_batch(self, indices: list[int]) -> None:
-        """Roll out the items ``indices``, buffer their samples and update whenever the buffers
-        are full. If an update raises or stops at ``max_steps``, the batch is kept
-        (:class:`_UnfinishedBatch`) and the next call for the same batch step finishes it."""
+        """Roll out the items ``indices``, buffer their samples and update whenever the buffers are full. A batch whose
+        update raises or stops at ``max_steps`` is kept (:class:`_UnfinishedBatch`): the next call finishes it."""
         unfinished, self._unfinished = self._unfinished, None
         if unfinished is not None and unfinished.batch_step == self.state.batch_step:
             if self._update_or_keep(unfinished):
