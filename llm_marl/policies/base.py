@@ -66,7 +66,7 @@ class GapMeter:
     """A policy's sampler–scorer gap: the sum of |log p_sampler − log p_scorer| over scored tokens
     whose answer this policy sampled with the same weights it is scored with (answers scored
     after a weight change of the policy measure its learning, not its sampler, and are left out),
-    and their count. The trainers :meth:`take` it at every optimizer step."""
+    and their count. The trainers :meth:`drain` it at every optimizer step (pooling ranks)."""
 
     def __init__(self, dtype: str = "float32") -> None:
         self.dtype = dtype
