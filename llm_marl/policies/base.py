@@ -55,7 +55,7 @@ SESSION = uuid.uuid4().hex
 
 DEFAULT_GAP_THRESHOLDS = {"float32": 1e-3, "float64": 1e-3, "bfloat16": 0.15, "float16": 0.05}
 """Default warning thresholds of the mean |Δ log-prob| per token, by the sampler's dtype. Measured
-(benchmarks/README.md, *bf16 sampling with exact scoring*): fp32 sampling differs from the fp32
+(``benchmarks/decode.py --mismatch`` on an AMD EPYC, 2026-12-01; git history of benchmarks/README.md): fp32 sampling differs from the fp32
 scorer by kernel rounding, ~1e-5 per token on SmolLM2-135M (packed fp32 weights: summation
 order, same size); bf16 sampling by ~4e-2 on SmolLM2-135M-Instruct (5e-3 on random weights).
 Each threshold leaves a margin of about 4x (bf16) to 100x (fp32) over those; a stale sampling
