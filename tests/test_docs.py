@@ -52,3 +52,20 @@ def test_user_facing_text_cites_no_spec_outside_the_repository():
     root = DOCS.parent
     for path in [*root.glob("llm_marl/**/*.py"), root / "README.md", *DOCS.glob("*.md")]:
         assert not re.search(r"(?<![-\w])SPEC[-\w]*\.md|\bSPEC §", path.read_text()), f"{path} cites a spec outside the repository (use docs/)"
+
+
+def test_the_tabular_examples_of_the_docs_pages_run(tmp_path, monkeypatch):
+    """Every Python block of a docs page that trains tabular policies (no model to download) runs
+    as written, each in a fresh namespace, in an empty folder (they write runs/...)."""
+    monkeypatch.chdir(tmp_path)
+    ran = []
+    for path in sorted(DOCS.glob("*.md")):
+        if path.name == "writing_a_task.md":  # its blocks build on each other: the test above
+            continue
+        for block in python_blocks(path):
+            if "TabularPolicy(" in block and ".train()" in block and "from_pretrained" not in block:
+                namespace: dict = {}
+                exec(compile(block, str(path.relative_to(DOCS.parent)), "exec"), namespace)
+                assert namespace["trainer"].state.global_step > 0, path.name
+                ran.append(path.name)
+    assert {"training.md", "actor_critic_learners.md", "preference.md"} <= set(ran), ran
