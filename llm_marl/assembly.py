@@ -354,10 +354,11 @@ def quiet_downloads() -> None:
 # --- the command's other options ----------------------------------------------------------------
 
 
-def make_env(env_id: str, split: str | None = None, num_turns: int | None = None) -> Any:
+def make_env(env_id: str, split: str | None = None, num_turns: int | None = None, text: bool = False) -> Any:
     """``make(env_id)`` for the train split (``split`` None) or ``split`` (None where the env has
     no such split); ``num_turns`` (given by the user) must be taken by the env's factory and be
-    the horizon it builds."""
+    the horizon it builds. ``text``: an env with a ``text`` switch that is off (an OpenSpiel
+    game's tabular keys) is made again with ``text=True`` (prompts for language models)."""
     from llm_marl.envs import make
     from llm_marl.envs.registry import UnknownEnvError, find
     from llm_marl.learners.checks import env_horizon
@@ -394,6 +395,8 @@ def make_env(env_id: str, split: str | None = None, num_turns: int | None = None
     played = env_horizon(env)
     if num_turns is not None and played is not None and played != num_turns:
         raise AssemblyError(f"--num_turns {num_turns}: env {env_id} was built with {played} turns per episode (its factory ignores num_turns)")
+    if text and getattr(env, "text", None) is False:
+        env = make(env_id, **kwargs, text=True)
     return env
 
 

@@ -157,6 +157,17 @@ MAIN_RUN_MODELS = ("smollm2-135m", "HuggingFaceTB/SmolLM2-135M-Instruct")
 """Models the main job's settings were made for (a named model or its hub id)."""
 
 
+GAME_RUN: dict[str, Any] = {"early_termination_threshold": None}
+"""What a run on a game with a ``text`` switch (the OpenSpiel ids) sets unless given: no early
+termination. A game pays at its end; the config's default (-0.2) would cut every tree after the
+first move, whose reward is 0, so the later players would never act in training."""
+
+GAME_LM_RUN: dict[str, Any] = {"max_new_tokens": 16}
+"""What ``--policy lm`` adds on such a game (prompts list the legal moves by name): short answers.
+A move name is at most ~10 tokens (Hanabi's "(Reveal player +1 color R)"), and the parser takes
+the one legal move an answer names."""
+
+
 LEARNER_FAMILIES = {
     "magrpo": "reinforce",
     "mareinforce": "reinforce",
@@ -408,9 +419,13 @@ def build_trainer(options: dict[str, Any], explicit: set[str] | None = None) -> 
         raise UsageError("--env is required (see `llm-marl list`)")
     _import_modules(options.get("import") or [])
     turns = options.get("num_turns") if explicit is None or "num_turns" in explicit else None
+    lm = options.get("policy") == "lm"
     try:
-        env = assembly.make_env(options["env"], None, turns)
-        eval_env = assembly.make_env(options["env"], "eval", turns)
+        env = assembly.make_env(options["env"], None, turns, text=lm)
+        eval_env = assembly.make_env(options["env"], "eval", turns, text=lm)
+        if isinstance(getattr(env, "text", None), bool):  # a game with a text switch (OpenSpiel ids)
+            for key, value in {**GAME_RUN, **(GAME_LM_RUN if lm else {})}.items():
+                options.setdefault(key, value)
         if options.get("train_items"):
             env = assembly.limit_items(env, int(options["train_items"]), options["env"])
         args = assembly.make_config(config_class, {k: v for k, v in options.items() if k in fields}, env)

@@ -349,6 +349,20 @@ MUTANTS: list[Mutant] = [
         ("tests/test_openspiel.py::test_an_illegal_or_unparsable_answer_ends_the_episode_with_the_penalty",),
     ),
     Mutant(
+        "--policy lm plays an OpenSpiel game from its tabular keys, not text prompts",
+        "llm_marl/assembly.py",
+        "    if text and getattr(env, \"text\", None) is False:",
+        "    if False:",
+        ("tests/test_games_lm.py",),
+    ),
+    Mutant(
+        "a game run keeps the config's early termination (trees cut after the first move)",
+        "llm_marl/cli.py",
+        "GAME_RUN: dict[str, Any] = {\"early_termination_threshold\": None}",
+        "GAME_RUN: dict[str, Any] = {}",
+        ("tests/test_games_lm.py",),
+    ),
+    Mutant(
         "illegal_rate counts every acting agent's joint actions as illegal",
         "llm_marl/learners/evaluation.py",
         "seen[0] += agent in details[\"illegal\"]",

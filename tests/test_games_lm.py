@@ -1,0 +1,63 @@
+"""Language-model teams play OpenSpiel games through the command (issue 36, item 4).
+
+``--policy lm`` makes an OpenSpiel id's env with ``text=True`` (prompts that show the player's
+observation and list its legal moves by name) and short answers (``cli.GAME_LM_RUN``). The SmolLM2
+learning curve lives in benchmarks/lm_tiny_hanabi.py; here the tiny local GPT-2 runs the path.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("pyspiel")
+
+from llm_marl.cli import GAME_LM_RUN, build_trainer, main  # noqa: E402
+from llm_marl.envs.openspiel import OpenSpielEnv  # noqa: E402
+from llm_marl.runs.recording import read_trees, rollout_files  # noqa: E402
+
+
+def test_the_command_trains_a_language_model_team_on_tiny_hanabi_from_text_prompts(tmp_path, monkeypatch):
+    """The tiny GPT-2 never writes a move name such as ``p0a1``: with the real parser every
+    answer is illegal and player 1 never acts. A stand-in parser maps an answer to a legal move
+    by its length, so both players act and rewards differ; prompts, answer length, tree depth and
+    the updates are the command's own."""
+
+    def by_length(self, answer, player):
+        legal = list(self.state.legal_actions(player))
+        return legal[len(answer) % len(legal)]
+
+    monkeypatch.setattr(OpenSpielEnv, "parse", by_length)
+    out = tmp_path / "run"
+    argv = ["train", "--env", "TinyHanabi-E-v0", "--policy", "lm", "--model", "tiny", "--max_steps", "2", "--temperature", "1.0",
+            "--top_p", "1.0", "--agent_learning_rate", "1e-3", "--eval_interval", "0", "--rollout_log_steps", "1", "--seed", "0",
+            "--output_dir", str(out)]
+    assert main(argv) == 0
+    config = json.loads((out / "run.json").read_text())["config"]
+    assert config["max_new_tokens"] == GAME_LM_RUN["max_new_tokens"] == 16 and config["num_turns"] == 2
+    assert config["early_termination_threshold"] is None  # the default -0.2 would stop every tree after move 1 (reward 0)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    train = [row for row in rows if "train/player_1/advantage_std" in row]
+    assert train and train[0]["step"] <= 2  # both players trained from the first batches on
+    assert any(row["train/player_0/advantage_std"] > 0 and row["train/player_1/advantage_std"] > 0 for row in train)
+    [(_, _, path), *_] = [f for f in rollout_files(str(out)) if f[0] == "train"]
+    nodes = read_trees(path)[0]["nodes"]
+    root, second = nodes[0], nodes[1]
+    assert root["observations"]["player_0"].endswith("\nLegal moves: p0a0, p0a1, p0a2.\nAnswer with one legal move.")
+    assert second["observations"]["player_1"].endswith("\nLegal moves: p1a0, p1a1, p1a2.\nAnswer with one legal move.")
+    assert "p0:a" in second["observations"]["player_1"]  # player 1 sees player 0's move
+    assert list(root["agents"]) == ["player_0"] and list(second["agents"]) == ["player_1"]
+    answers = [c for n in nodes for a in n["agents"].values() for c in a["completions"]]
+    assert answers and all(c["tokens"] <= 16 for c in answers)
+
+
+def test_illegal_answers_of_a_language_model_end_the_game_and_are_counted(tmp_path):
+    """The real parser: the tiny model's answers name no move, so each game ends at the first move
+    with the defined penalty (game E's minimum payoff, 0) and player 0's illegal rate is 1."""
+    trainer = build_trainer({"env": "TinyHanabi-E-v0", "policy": "lm", "model": "tiny", "eval_num_samples": 8, "eval_batch_size": 8,
+                             "output_dir": str(tmp_path / "run"), "progress_bar": False, "seed": 0})
+    assert trainer.eval_env.text is True and trainer.args.max_new_tokens == 16 and trainer.args.early_termination_threshold is None
+    metrics = trainer.evaluate()
+    assert metrics["eval/player_0/illegal_rate"] == 1.0 and "eval/player_1/illegal_rate" not in metrics
+    assert metrics["eval/turn_1/expected_return"] == 0.0
