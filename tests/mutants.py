@@ -836,6 +836,21 @@ MUTANTS: list[Mutant] = [
         "        if False:  # an evaluation's bar follows the tokens",
         ("tests/test_progress.py::test_an_evaluation_counts_items_done_of_total_while_one_batch_decodes",),
     ),
+    # --- fsdp=True (issue 37) --------------------------------------------------------------------
+    Mutant(
+        "fsdp: a LoRA team's adapters sharded with its base (not whole on every rank)",
+        "llm_marl/runs/fsdp.py",
+        "team.model.get_base_model(), mesh, f\"team {team.name!r}'s base\", ignored=adapters, frozen=True)",
+        "team.model.get_base_model(), mesh, f\"team {team.name!r}'s base\", ignored=None, frozen=True)",
+        ("tests/test_fsdp.py::test_two_sharded_ranks_train_like_one_unsharded_process",),
+    ),
+    Mutant(
+        "fsdp: a LoRA team's adapters left out of checkpoints",
+        "llm_marl/runs/checkpoint.py",
+        "        if agent in sharded and not sharded[agent].frozen:\n            continue",
+        "        if agent in sharded:\n            continue",
+        ("tests/test_fsdp.py::test_two_sharded_ranks_train_like_one_unsharded_process",),
+    ),
 ]
 
 def run_one(mutant: Mutant, timeout: float) -> tuple[str, str, float]:

@@ -40,6 +40,7 @@ from llm_marl.envs import DialogueEnv
 from llm_marl.learners import MADPOConfig, MADPOTrainer, MAGRPOConfig, MAGRPOTrainer
 from llm_marl.policies.base import Completion
 from llm_marl.policies.causal_lm import CausalLMPolicy
+from llm_marl.policies.lora_team import AdapterPolicy, LoRATeam
 from llm_marl.policies.tabular import TabularPolicy
 from llm_marl.policies.tiny import build_tiny_model, default_model_dir
 from llm_marl.runs.fsdp import local_nbytes
@@ -63,6 +64,11 @@ run({model_dir!r}, fsdp=True, items_per_step=1, rollout_buffer_size=1, output_di
 result["checkpoint"] = sorted(os.listdir(os.path.join({run_dir!r}, "checkpoint-1", "agent_0", "shards")))
 result["resumed"] = run({model_dir!r}, fsdp=True, items_per_step=1, rollout_buffer_size=1, output_dir={run_dir!r}, resume=True)
 result["madpo"] = run({model_dir!r}, learner="madpo", fsdp=True, items_per_step=1, rollout_buffer_size=1)
+# a LoRA team: its base sharded, its adapters whole on every rank; stopped after one step and resumed
+team = dict(team=True, fsdp=True, items_per_step=1, rollout_buffer_size=1)
+result["team"] = run({model_dir!r}, save_to={team_saved!r}, **team)
+run({model_dir!r}, output_dir={team_dir!r}, max_steps=1, **team)
+result["team_resumed"] = run({model_dir!r}, output_dir={team_dir!r}, resume=True, **team)
 rank = int(os.environ["RANK"])
 torch.save(result, os.path.join({out!r}, f"rank{{rank}}.pt"))
 sys.stdout.flush(); sys.stderr.flush()
@@ -70,7 +76,7 @@ os._exit(0)  # results are written: skip interpreter teardown, where gloo's thre
 """
 
 
-class SeededLM(CausalLMPolicy):
+class Seeded:
     """A policy whose answers depend only on each tree node's seed (tree.py passes generators),
     not on which rank or batch samples them: so one process and two ranks draw the same answers."""
 
@@ -84,22 +90,42 @@ class SeededLM(CausalLMPolicy):
         return answers
 
 
+class SeededLM(Seeded, CausalLMPolicy):
+    """A full-model agent with seeded answers."""
+
+
+class SeededAdapter(Seeded, AdapterPolicy):
+    """An agent of a LoRA team with seeded answers (each samples alone, on the team's base)."""
+
+
 def length_reward(a, b):
     return [float(len(a[0]) + len(b[0]))]
 
 
-def run(model_dir, *, learner="magrpo", reference=True, fsdp=False, shard_size=None, items=4, items_per_step=2, rollout_buffer_size=2, save_to=None, output_dir=None, max_steps=None, resume=None):
+def lora_team(model_dir, **settings):
+    """Two agents as LoRA adapters on one tiny GPT-2 base (gradient checkpointing on, scoring in
+    data-dependent chunks); each samples alone with seeded answers."""
+    team = LoRATeam.from_pretrained(model_dir, agents=("a0", "a1"), r=4, alpha=8, gradient_checkpointing=True, max_batch_tokens=24, **settings)
+    for policy in team.policies.values():
+        policy.__class__ = SeededAdapter
+    return team
+
+
+def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, shard_size=None, items=4, items_per_step=2, rollout_buffer_size=2, save_to=None, output_dir=None, max_steps=None, resume=None):
     """Train 2 LM agents for 2 batches; returns weights, probe log-probs and measured bytes."""
     task = FunctionTask(length_reward, lambda item: item["prompt"], dataset=[{"prompt": PROMPTS[i % len(PROMPTS)]} for i in range(items)], num_agents=2, num_turns=1)
     settings = dict(max_new_tokens=6, temperature=1.0, top_p=None, top_k=None)
-    policies = [SeededLM.from_pretrained(model_dir, **settings),
-                SeededLM.from_pretrained(model_dir, max_batch_tokens=24, **settings)]
-    model = policies[0].model
-    if hasattr(model, "activation_checkpointing_enable"):  # transformers' new name
-        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    if team:
+        policies = list(lora_team(model_dir, **settings).policies.values())
     else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    policies[0].model.train()
+        policies = [SeededLM.from_pretrained(model_dir, **settings),
+                    SeededLM.from_pretrained(model_dir, max_batch_tokens=24, **settings)]
+        model = policies[0].model
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers' new name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        policies[0].model.train()
     common = dict(
         num_agents=2, num_turns=1, num_train_epochs=1, max_new_tokens=6, temperature=1.0, top_p=1.0,
         top_k=None, items_per_step=items_per_step, rollout_buffer_size=rollout_buffer_size, eval_interval=0,
@@ -137,7 +163,17 @@ def run(model_dir, *, learner="magrpo", reference=True, fsdp=False, shard_size=N
         optimizer.step = measured_step
     trainer.train(resume_from_checkpoint=resume)
     gathers = {a: s.gathers for a, s in trainer.sharded.items()}
-    if fsdp:
+    base_bytes = local_nbytes(p for p in policies[0].model.parameters() if not p.requires_grad)
+    if team:  # the agents' weights are their adapters, whole on every rank; the base is frozen
+        weights = {a: {n: p.detach().clone() for n, p in trainer.policies[a].named_parameters()} for a in trainer.agents}
+        gathered, references = weights, {}
+        if fsdp:
+            from llm_marl.runs.fsdp import full_state_dict
+
+            references = {"base": full_state_dict(trainer.sharded[trainer.agents[0]].model)}
+        if save_to:
+            trainer.save_model(save_to)
+    elif fsdp:
         from llm_marl.runs.fsdp import full_state_dict
 
         weights = {a: full_state_dict(trainer.sharded[a].model) for a in trainer.agents}
@@ -156,8 +192,9 @@ def run(model_dir, *, learner="magrpo", reference=True, fsdp=False, shard_size=N
         "weights": weights,
         "gathered": gathered,
         "probes": probes,
-        "param_bytes": {a: local_nbytes(trainer.policies[a].model.parameters()) for a in trainer.agents},
-        "reference_bytes": {a: local_nbytes(trainer.reference_policies[a].model.parameters()) for a in trainer.agents},
+        "base_bytes": base_bytes,
+        "param_bytes": {a: local_nbytes(trainer.policies[a].parameters() if team else trainer.policies[a].model.parameters()) for a in trainer.agents},
+        "reference_bytes": {} if team else {a: local_nbytes(trainer.reference_policies[a].model.parameters()) for a in trainer.agents},
         "references": references,
         "kl": [v for _, m in trainer.logger.history for n, v in m.items() if n.endswith("kl_mean")],
         "grad_bytes": grad_bytes,
@@ -193,6 +230,28 @@ def assert_trained_alike(sharded, single, start):
     assert close >= 0.9995 * total, f"{total - close} of {total} weights differ beyond fp32 rounding"
 
 
+def assert_team_trained_alike(ranks, single, model_dir):
+    """A LoRA team on 2 ranks (base sharded, adapters whole) took the unsharded run's steps."""
+    start = {}
+    for policy in lora_team(model_dir).policies.values():  # the adapters' seeded initial weights
+        start.update(policy.state_dict())
+    base = CausalLMPolicy.from_pretrained(model_dir).model.state_dict()
+    for rank in ranks:
+        assert rank["steps"] == single["steps"] == 2
+        assert_trained_alike(rank, single, start)
+        for got, expected in zip(rank["probes"], single["probes"], strict=True):  # the sampler is the trained policy
+            assert got == pytest.approx(expected, abs=1e-4)
+        # Per rank: half the frozen base's bytes; the adapters, their gradients and AdamW state whole.
+        assert 0.45 * single["base_bytes"] <= rank["base_bytes"] <= 0.6 * single["base_bytes"], (rank["base_bytes"], single["base_bytes"])
+        for what in ("param_bytes", "grad_bytes", "optimizer_bytes"):
+            assert rank[what] == single[what] and all(single[what].values()), what
+    # The base stayed frozen (gathered from the shards to rank 0: the pretrained weights).
+    frozen = {n.replace(".base_layer", ""): v for n, v in ranks[0]["references"]["base"].items() if ".lora_" not in n}
+    assert len(frozen) >= 10 and frozen.keys() <= base.keys()
+    assert all(torch.equal(v, base[n]) for n, v in frozen.items())
+    assert ranks[0]["gathers"] == {a: 6 for a in single["weights"]}  # per batch: the rollout, one per agent's step
+
+
 @pytest.fixture(scope="module")
 def model_dir():
     return str(build_tiny_model(default_model_dir()))
@@ -208,7 +267,9 @@ def test_two_sharded_ranks_train_like_one_unsharded_process(tmp_path, model_dir)
     out, saved = tmp_path / "ranks", tmp_path / "saved"
     out.mkdir()
     script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT.format(tests=TESTS, model_dir=model_dir, out=str(out), save_to=str(saved), run_dir=str(tmp_path / "run")))
+    team_saved = tmp_path / "team_saved"
+    script.write_text(RANK_SCRIPT.format(tests=TESTS, model_dir=model_dir, out=str(out), save_to=str(saved), run_dir=str(tmp_path / "run"),
+                                         team_saved=str(team_saved), team_dir=str(tmp_path / "team_run")))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()), str(script)],
@@ -264,6 +325,22 @@ def test_two_sharded_ranks_train_like_one_unsharded_process(tmp_path, model_dir)
     for what in ("param_bytes", "grad_bytes", "optimizer_bytes", "reference_bytes"):
         for agent, whole in single_dpo[what].items():
             assert 0.45 * whole <= dpo[what][agent] <= 0.6 * whole, (what, agent, dpo[what][agent], whole)
+
+    assert_team_trained_alike([r["team"] for r in ranks], run(model_dir, team=True), model_dir)
+    # The team stopped after step 1 and resumed (the adapters and their optimizers saved whole, as
+    # without fsdp): the uninterrupted run's adapters.
+    team, resumed = sharded["team"], sharded["team_resumed"]
+    assert resumed["steps"] == 2 and len(resumed["probes"]) == 1
+    for agent, weights in team["weights"].items():
+        for name, value in weights.items():
+            assert torch.equal(resumed["weights"][agent][name], value), (agent, name)
+    # save_model: each agent's adapter in peft's format, from rank 0; it reloads onto the base.
+    reloaded = LoRATeam.from_pretrained(model_dir, agents=("a0", "a1"), adapters={"a0": team_saved / "agent_0", "a1": team_saved / "agent_1"})
+    for i, (agent, name) in enumerate(zip(team["weights"], ("a0", "a1"))):
+        assert (team_saved / f"agent_{i}" / "adapter_model.safetensors").is_file()
+        got = reloaded.policies[name].state_dict()
+        assert got.keys() == team["weights"][agent].keys()
+        assert all(torch.equal(got[n], v) for n, v in team["weights"][agent].items()), agent
 
     # save_model: one consolidated Hugging Face folder per agent, from rank 0, holding the trained weights.
     for i, agent in enumerate(single["weights"]):

@@ -253,7 +253,7 @@ class MADPOTrainer(MAGRPOTrainer):
         agent (each through its own margins); agent -> (this rank's share of the loss, mean
         log-prob of its scored answers). ``fsdp=True``: on every agent's gathered weights, then
         each agent's gradients are reduce-scattered into its shards (every rank, in agent order)."""
-        sharded = [self.sharded[agent] for agent in step if agent in self.sharded]
+        sharded = list({id(m): m for m in (self.sharded[a] for a in step if a in self.sharded)}.values())  # a team: one base
         if not sharded:
             return self._joint_backward(step)
         try:

@@ -77,7 +77,7 @@ def save(trainer: Any) -> str:
         tmp = shared_value(tmp)  # rank 0's folder, once it exists
         references = getattr(trainer, "sharded_references", {})
         for i, agent in enumerate(trainer.agents):
-            if agent in sharded:
+            if agent in sharded and not sharded[agent].frozen:  # (a LoRA team's adapters are whole: rank 0 saves them below)
                 save_shards(sharded[agent], trainer.optimizers.get(agent), os.path.join(tmp, f"agent_{i}", "shards"))
             if agent in references:
                 save_shards(references[agent], None, os.path.join(tmp, f"agent_{i}", "reference_shards"))
@@ -96,7 +96,7 @@ def save(trainer: Any) -> str:
         folder = os.path.join(tmp, f"agent_{i}")
         os.makedirs(folder, exist_ok=True)
         policy = trainer.policies[agent]
-        if agent in sharded:
+        if agent in sharded and not sharded[agent].frozen:
             continue  # its weights, optimizer state and reference are the shards written above
         if hasattr(policy, "state_dict"):
             torch.save(policy.state_dict(), os.path.join(folder, "policy.pt"))
@@ -245,6 +245,8 @@ def load(trainer: Any, path: str) -> None:
         folder = os.path.join(path, f"agent_{i}")
         policy = trainer.policies[agent]
         sharded = (getattr(trainer, "sharded", None) or {}).get(agent)
+        if sharded is not None and sharded.frozen:
+            sharded = None  # a LoRA team's base: the agent's adapter is whole, saved as without fsdp
         if sharded is not None or os.path.isdir(os.path.join(folder, "shards")):
             if sharded is None or not os.path.isdir(os.path.join(folder, "shards")):
                 raise CheckpointError(f"{path}: agent_{i} was saved {'un' if sharded else ''}sharded; resume with fsdp={not sharded}")

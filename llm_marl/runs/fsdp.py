@@ -46,6 +46,7 @@ __all__ = [
     "save_shards",
     "shard_agents",
     "shard_model",
+    "shard_team",
 ]
 
 
@@ -91,8 +92,6 @@ def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
     for agent in trainer.agents:
         policy = trainer.policies[agent]
         kind = type(policy).__name__
-        if getattr(policy, "team", None) is not None:
-            raise ValueError(f"fsdp=True: agent {agent!r} is a LoRA team adapter ({kind}), not sharded yet; train the team without fsdp")
         if not isinstance(getattr(policy, "model", None), torch.nn.Module):
             raise ValueError(f"fsdp=True shards language-model agents; agent {agent!r} has a {kind} (train it without fsdp)")
         own = str(next(policy.model.parameters()).dtype).removeprefix("torch.")
@@ -109,15 +108,25 @@ def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
         mesh = init_device_mesh(device_type, (world,))
     else:  # a 2-D mesh: shard within groups of `shard` ranks, replicate across the groups (HSDP)
         mesh = init_device_mesh(device_type, (world // shard, shard), mesh_dim_names=("replicate", "shard"))
-    sharded = {}
+    sharded: dict[str, ShardedModel] = {}
+    teams: dict[int, ShardedModel] = {}  # a LoRA team's base is sharded once, for all its agents
     for agent in trainer.agents:
         policy = trainer.policies[agent]
         if device_type == "cuda":
             policy.to(torch.device("cuda", torch.cuda.current_device()))
+        team = getattr(policy, "team", None)
+        if team is not None and id(team) not in teams:
+            trainer.dist.broadcast_parameters(team.model.parameters())
+            teams[id(team)] = shard_team(team, mesh)
+        if team is not None:
+            sharded[agent] = teams[id(team)]
+            continue
         trainer.dist.broadcast_parameters(policy.model.parameters())
         sharded[agent] = shard_model(policy.model, mesh, f"agent {agent!r}'s model")
     trainer.sharded_references = {}
     for agent, reference in (trainer.reference_policies or {}).items():  # frozen copies made before sharding
+        if getattr(reference, "team", None) is not None:
+            continue  # a team's reference is its own base with the adapters off: sharded above
         trainer.dist.broadcast_parameters(reference.model.parameters())
         trainer.sharded_references[agent] = shard_model(reference.model, mesh, f"agent {agent!r}'s reference model")
     return sharded
@@ -127,7 +136,8 @@ def gathered(trainer: Any) -> ExitStack:
     """A context in which every sharded model of ``trainer`` (agents, then their references)
     holds its full weights; every rank enters it. Empty without fsdp."""
     stack = ExitStack()
-    for model in [*trainer.sharded.values(), *getattr(trainer, "sharded_references", {}).values()]:
+    models = [*trainer.sharded.values(), *getattr(trainer, "sharded_references", {}).values()]
+    for model in {id(m): m for m in models}.values():  # a team's agents share one base
         stack.enter_context(model.gathered())
     return stack
 
@@ -165,38 +175,56 @@ def load_shards(sharded: "ShardedModel", optimizer: Any, folder: str) -> None:
 
 def save_consolidated(sharded: "ShardedModel", policy: Any, target: str, is_main: bool) -> None:
     """Gather ``sharded``'s full weights to rank 0 (every rank calls this), which writes
-    ``policy`` to ``target`` as one Hugging Face folder holding them."""
+    ``policy`` to ``target`` as one Hugging Face folder holding them. A LoRA team's agent
+    (``sharded.frozen``): rank 0 writes its adapter, whole on every rank, in peft's format."""
+    if sharded.frozen:
+        if is_main:
+            policy.save_pretrained(target)
+        return
     full = full_state_dict(sharded.model)
     if is_main:
         policy.save_pretrained(target, state_dict=full)
 
 
-def shard_model(model: torch.nn.Module, mesh: Any, where: str) -> "ShardedModel":
+def shard_model(model: torch.nn.Module, mesh: Any, where: str, ignored: set[torch.nn.Parameter] | None = None, frozen: bool = False) -> "ShardedModel":
     """``fully_shard`` each decoder layer of ``model``, then ``model`` itself, on ``mesh``
-    (in place: the module's class becomes its FSDP subclass, its parameters DTensor shards)."""
+    (in place: the module's class becomes its FSDP subclass, its parameters DTensor shards).
+    ``ignored``: parameters left whole on every rank; ``frozen``: no sharded weight trains."""
     from torch.distributed.fsdp import fully_shard
 
     layers = decoder_layers(model)
     if not layers:
         raise ValueError(f"fsdp=True: {where} has no decoder layers to shard (no _no_split_modules, no ModuleList of blocks)")
     for layer in layers:
-        fully_shard(layer, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return ShardedModel(model)
+        fully_shard(layer, mesh=mesh, ignored_params=ignored)
+    fully_shard(model, mesh=mesh, ignored_params=ignored)
+    return ShardedModel(model, frozen=frozen)
+
+
+def shard_team(team: Any, mesh: Any) -> "ShardedModel":
+    """A LoRA team (:class:`~llm_marl.policies.LoRATeam`): its frozen base sharded per decoder
+    layer; the adapters (every ``lora_*`` parameter) stay whole on every rank, replicated as in
+    data parallelism (their gradients are summed over the ranks like any unsharded parameter's)."""
+    adapters = {p for name, p in team.model.named_parameters() if ".lora_" in name}
+    return shard_model(team.model.get_base_model(), mesh, f"team {team.name!r}'s base", ignored=adapters, frozen=True)
 
 
 class ShardedModel:
     """One FSDP2-sharded model and the three ways the trainer reaches it (module docstring)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(self, model: torch.nn.Module, frozen: bool = False) -> None:
         from torch.distributed.fsdp import FSDPModule
 
         self.model = model
+        self.frozen = frozen
+        """The sharded weights never train (a LoRA team's base): :meth:`reduce` only reshards, and
+        the agents' own weights (the adapters) are whole on every rank, saved as without fsdp."""
         self.units = [m for m in model.modules() if isinstance(m, FSDPModule)]
         for unit in self.units:
             unit.set_gradient_divide_factor(1.0)  # the loss is already a mean over all ranks' samples
             unit.set_force_sum_reduction_for_comms(True)  # gloo has no PREMUL_SUM
-            unit.set_reduce_scatter_unused_params(True, recurse=False)  # every rank reduces every parameter
+            if not frozen:
+                unit.set_reduce_scatter_unused_params(True, recurse=False)  # every rank reduces every parameter
         self.gathers = 0
         """How many times the full weights were gathered (sampling windows and update steps)."""
 
@@ -237,6 +265,9 @@ class ShardedModel:
         for unit in self.units:
             unit.set_requires_gradient_sync(True, recurse=False)
             unit.set_reshard_after_backward(True, recurse=False)
+        if self.frozen:  # no sharded gradient to reduce: the adapters' are summed as in data parallelism
+            self._reshard()
+            return
         device = next(iter(self.model.parameters())).device
         was_training = self.model.training
         self.model.train()
