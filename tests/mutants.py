@@ -414,8 +414,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "central critic loss summed over agents instead of averaged",
         "llm_marl/learners/actor_critic.py",
-        "local / max(total, 1)",
-        "local",
+        "torch.zeros((), dtype=torch.float64)) / max(total, 1)",
+        "torch.zeros((), dtype=torch.float64))",
         ("tests/test_actor_critic.py::test_central_critic_takes_one_step_per_joint_minibatch_on_every_agents_output",),
     ),
     Mutant(
@@ -850,6 +850,20 @@ MUTANTS: list[Mutant] = [
         "        if agent in sharded and not sharded[agent].frozen:\n            continue",
         "        if agent in sharded:\n            continue",
         ("tests/test_fsdp.py::test_two_sharded_ranks_train_like_one_unsharded_process",),
+    ),
+    Mutant(
+        "fsdp: a critic's whole value head counted once per rank in the gradient norm",
+        "llm_marl/runs/fsdp.py",
+        "    for g in grads:\n        if is_sharded(g):\n            total += g.to_local()",
+        "    for g in grads:\n        if True:\n            total += (g.to_local() if is_sharded(g) else g)",
+        ("tests/test_fsdp.py::test_two_sharded_ranks_train_like_one_unsharded_process",),
+    ),
+    Mutant(
+        "fsdp: sharded critics left out of checkpoints",
+        "llm_marl/runs/checkpoint.py",
+        "        for folder, shard, optimizer in _critic_shards(trainer):\n            save_shards(",
+        "        for folder, shard, optimizer in _critic_shards(trainer)[:0]:\n            save_shards(",
+        ("tests/test_fsdp.py::test_sharded_critics_resume_exactly_and_maac_trains_like_one_process",),
     ),
 ]
 

@@ -37,7 +37,7 @@ import pytest
 import torch
 
 from llm_marl.envs import DialogueEnv
-from llm_marl.learners import MADPOConfig, MADPOTrainer, MAGRPOConfig, MAGRPOTrainer
+from llm_marl.learners import IACConfig, IACTrainer, MAACConfig, MAACTrainer, MADPOConfig, MADPOTrainer, MAGRPOConfig, MAGRPOTrainer
 from llm_marl.policies.base import Completion
 from llm_marl.policies.causal_lm import CausalLMPolicy
 from llm_marl.policies.lora_team import AdapterPolicy, LoRATeam
@@ -64,6 +64,7 @@ run({model_dir!r}, fsdp=True, items_per_step=1, rollout_buffer_size=1, output_di
 result["checkpoint"] = sorted(os.listdir(os.path.join({run_dir!r}, "checkpoint-1", "agent_0", "shards")))
 result["resumed"] = run({model_dir!r}, fsdp=True, items_per_step=1, rollout_buffer_size=1, output_dir={run_dir!r}, resume=True)
 result["madpo"] = run({model_dir!r}, learner="madpo", fsdp=True, items_per_step=1, rollout_buffer_size=1)
+result["iac"] = run({model_dir!r}, learner="iac", fsdp=True, items_per_step=1, rollout_buffer_size=1, save_to={iac_saved!r})
 # a LoRA team: its base sharded, its adapters whole on every rank; stopped after one step and resumed
 team = dict(team=True, fsdp=True, items_per_step=1, rollout_buffer_size=1)
 result["team"] = run({model_dir!r}, save_to={team_saved!r}, **team)
@@ -136,10 +137,26 @@ def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, 
     if learner == "madpo":  # the joint DPO loss over both agents, against sharded references
         args = MADPOConfig(preference_num_candidates=3, preference_pairs_per_sample=2, **common)
         trainer = MADPOTrainer(env=DialogueEnv(task), policies=policies, args=args)
+    elif learner in ("iac", "maac"):  # separate critics (copies of the agents' models), sharded too
+        config, kind = (IACConfig, IACTrainer) if learner == "iac" else (MAACConfig, MAACTrainer)
+        args = config(num_generations=2, critic_learning_rate=1e-2, value_clip_range=None, advantage_normalization=False, **common)  # whitening is per rank
+        trainer = kind(env=DialogueEnv(task), policies=policies, args=args)
     else:
         args = MAGRPOConfig(num_generations=3, reference_kl_enabled=reference, reference_kl_coef=0.5, **common)
         trainer = MAGRPOTrainer(env=DialogueEnv(task), policies=policies, args=args)
     probes, grad_bytes, grads = [], {}, {a: [] for a in trainer.agents}
+    critics = getattr(trainer, "critics", {})
+    optimizers = {**trainer.optimizers, **{f"critic:{n}": o for n, o in getattr(trainer, "critic_optimizers", {}).items()}}
+    grads.update({f"critic:{n}": [] for n in critics})
+
+    def critic_weights(name, critic):
+        shard = getattr(trainer, "sharded_critics", {}).get(name)
+        from llm_marl.runs.fsdp import full_state_dict
+
+        state = full_state_dict(shard.model) if shard is not None else {n: p.detach().clone() for n, p in critic.model.named_parameters()}
+        return {**state, **{f"head.{n}": p.detach().clone() for n, p in critic.head.named_parameters()}}
+
+    critic_start = {f"critic:{n}": critic_weights(n, c) for n, c in critics.items()}
     collect = trainer._collect
 
     def probed_collect(indices):
@@ -150,7 +167,7 @@ def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, 
 
     trainer._collect = probed_collect
     grads_of = grads
-    for agent, optimizer in trainer.optimizers.items():
+    for agent, optimizer in optimizers.items():
         step = optimizer.step
 
         def measured_step(*a, _agent=agent, _step=step, _optimizer=optimizer, **k):
@@ -177,16 +194,22 @@ def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, 
         from llm_marl.runs.fsdp import full_state_dict
 
         weights = {a: full_state_dict(trainer.sharded[a].model) for a in trainer.agents}
-        references = {a: full_state_dict(trainer.sharded_references[a].model) for a in trainer.agents}
+        references = {a: full_state_dict(r.model) for a, r in trainer.sharded_references.items()}
         with trainer.gathered_weights():  # the gathered weights are the trained ones
             gathered = {a: {n: p.detach().clone() for n, p in trainer.policies[a].model.named_parameters()} for a in trainer.agents}
         if save_to:
             trainer.save_model(save_to)
     else:
         weights = {a: {n: p.detach().clone() for n, p in trainer.policies[a].model.named_parameters()} for a in trainer.agents}
-        references = {a: trainer.reference_policies[a].model.state_dict() for a in trainer.agents}
+        references = {a: r.model.state_dict() for a, r in (trainer.reference_policies or {}).items()}
         gathered = weights
+    weights.update({f"critic:{n}": critic_weights(n, c) for n, c in critics.items()})
+    gathered.update({f"critic:{n}": weights[f"critic:{n}"] for n in critics})
     return {
+        "critic_start": critic_start,
+        "critic_bytes": {n: local_nbytes(c.model.parameters()) for n, c in critics.items()},
+        "critic_optimizer_bytes": {n: local_nbytes(t for state in o.state.values() for t in state.values() if t.dim() > 0)
+                                   for n, o in getattr(trainer, "critic_optimizers", {}).items()},
         "world_size": trainer.dist.world_size,
         "steps": trainer.state.global_step,
         "weights": weights,
@@ -194,7 +217,7 @@ def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, 
         "probes": probes,
         "base_bytes": base_bytes,
         "param_bytes": {a: local_nbytes(trainer.policies[a].parameters() if team else trainer.policies[a].model.parameters()) for a in trainer.agents},
-        "reference_bytes": {} if team else {a: local_nbytes(trainer.reference_policies[a].model.parameters()) for a in trainer.agents},
+        "reference_bytes": {} if team else {a: local_nbytes(r.model.parameters()) for a, r in (trainer.reference_policies or {}).items()},
         "references": references,
         "kl": [v for _, m in trainer.logger.history for n, v in m.items() if n.endswith("kl_mean")],
         "grad_bytes": grad_bytes,
@@ -206,14 +229,15 @@ def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, 
     }
 
 
-def assert_trained_alike(sharded, single, start):
-    """The sharded run took the unsharded run's steps: gradients and weights (see below)."""
+def assert_trained_alike(sharded, single, start, atol=1e-6):
+    """The sharded run took the unsharded run's steps: gradients and weights (see below).
+    ``atol``: of the gradients (actor-critic: a critic's rounding reaches the next advantages)."""
     # Each step's (clipped) gradient is the unsharded run's, to fp32 rounding.
     for agent, steps in single["grads"].items():
         assert len(steps) == len(sharded["grads"][agent]) == 2
         for expected, got in zip(steps, sharded["grads"][agent]):
             for e, g in zip(expected, got):
-                assert torch.allclose(g, e, atol=1e-6, rtol=1e-3), (agent, (g - e).abs().max().item())
+                assert torch.allclose(g, e, atol=atol, rtol=1e-3), (agent, (g - e).abs().max().item())
     # So are the weights after 2 AdamW steps, and training moved them. AdamW divides each
     # gradient element by its own magnitude: where a gradient is ~0 (GPT-2's key bias, whose
     # gradient is 0 up to rounding) rounding alone moves a weight by up to lr per step, so a few
@@ -228,6 +252,30 @@ def assert_trained_alike(sharded, single, start):
         moved = max((expected[n] - start[n]).abs().max().item() for n in expected)
         assert moved > 1e-3, f"{agent}'s weights did not move"
     assert close >= 0.9995 * total, f"{total - close} of {total} weights differ beyond fp32 rounding"
+
+
+def assert_iac_trained_alike(ranks, single, start, saved=None):
+    """IAC (or MAAC) on 2 ranks, agents and separate critics sharded, took the unsharded run's
+    steps: the actors' and the critics' gradients and weights (critic weights under the keys
+    ``critic:<name>``, their value heads as ``head.*``); half the bytes per rank."""
+    for name, weights in single["critic_start"].items():
+        start = {**start, **weights}
+    assert_trained_alike(ranks[0], single, start, atol=1e-4)  # (gathered to rank 0)
+    for rank in ranks:
+        assert rank["steps"] == single["steps"] == 2
+        for what in ("param_bytes", "optimizer_bytes", "critic_bytes", "critic_optimizer_bytes"):
+            for name, whole in single[what].items():
+                assert 0.45 * whole <= rank[what][name] <= 0.6 * whole, (what, name, rank[what][name], whole)
+    if saved is None:
+        return
+    # save_model: each critic's consolidated model and its head, from rank 0, reload to the trained weights.
+    from llm_marl.policies.lm_critic import CausalLMCritic
+
+    for i, name in enumerate(single["critic_start"]):
+        critic = CausalLMCritic.from_pretrained(saved / f"agent_{i}" / "critic")
+        trained = ranks[0]["weights"][name]
+        for n, value in [*critic.model.named_parameters(), *((f"head.{k}", v) for k, v in critic.head.named_parameters())]:
+            assert torch.equal(value, trained[n]), (name, n)
 
 
 def assert_team_trained_alike(ranks, single, model_dir):
@@ -269,7 +317,7 @@ def test_two_sharded_ranks_train_like_one_unsharded_process(tmp_path, model_dir)
     script = tmp_path / "rank.py"
     team_saved = tmp_path / "team_saved"
     script.write_text(RANK_SCRIPT.format(tests=TESTS, model_dir=model_dir, out=str(out), save_to=str(saved), run_dir=str(tmp_path / "run"),
-                                         team_saved=str(team_saved), team_dir=str(tmp_path / "team_run")))
+                                         team_saved=str(team_saved), team_dir=str(tmp_path / "team_run"), iac_saved=str(tmp_path / "iac_saved")))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()), str(script)],
@@ -326,6 +374,7 @@ def test_two_sharded_ranks_train_like_one_unsharded_process(tmp_path, model_dir)
         for agent, whole in single_dpo[what].items():
             assert 0.45 * whole <= dpo[what][agent] <= 0.6 * whole, (what, agent, dpo[what][agent], whole)
 
+    assert_iac_trained_alike([r["iac"] for r in ranks], run(model_dir, learner="iac"), start, tmp_path / "iac_saved")
     assert_team_trained_alike([r["team"] for r in ranks], run(model_dir, team=True), model_dir)
     # The team stopped after step 1 and resumed (the adapters and their optimizers saved whole, as
     # without fsdp): the uninterrupted run's adapters.
@@ -384,6 +433,49 @@ def test_a_2d_mesh_shards_in_pairs_and_replicates_across_them(tmp_path, model_di
         for agent, whole in single[what].items():
             for rank in ranks:
                 assert 0.45 * whole <= rank[what][agent] <= 0.6 * whole, (what, agent, rank[what][agent], whole)
+
+
+CRITIC_SCRIPT = r"""
+import os, sys, torch
+sys.path.insert(0, {tests!r})
+torch.set_num_threads(1)
+from test_fsdp import run
+iac = dict(learner="iac", fsdp=True, items_per_step=1, rollout_buffer_size=1)
+result = {{"iac": run({model_dir!r}, **iac)}}
+run({model_dir!r}, output_dir={run_dir!r}, max_steps=1, **iac)
+result["checkpoint"] = sorted(os.listdir(os.path.join({run_dir!r}, "checkpoint-1")))
+result["iac_resumed"] = run({model_dir!r}, output_dir={run_dir!r}, resume=True, **iac)
+result["maac"] = run({model_dir!r}, learner="maac", fsdp=True, items_per_step=1, rollout_buffer_size=1)
+torch.save(result, os.path.join({out!r}, f"rank{{os.environ['RANK']}}.pt"))
+sys.stdout.flush(); sys.stderr.flush()
+os._exit(0)
+"""
+
+
+def test_sharded_critics_resume_exactly_and_maac_trains_like_one_process(tmp_path, model_dir):
+    """IAC stopped after one step and resumed from its checkpoint (critics' shards, heads and
+    optimizer states through ``torch.distributed.checkpoint``) equals the uninterrupted run;
+    MAAC's one central critic, sharded, trains like one unsharded process."""
+    out = tmp_path / "ranks"
+    out.mkdir()
+    script = tmp_path / "rank.py"
+    script.write_text(CRITIC_SCRIPT.format(tests=TESTS, model_dir=model_dir, out=str(out), run_dir=str(tmp_path / "run")))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()), str(script)],
+        capture_output=True, text=True, timeout=400, env=env,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    uninterrupted, resumed = ranks[0]["iac"], ranks[0]["iac_resumed"]
+    assert {"critic_0_shards", "critic_1_shards"} <= set(ranks[0]["checkpoint"])
+    assert resumed["steps"] == 2 and len(resumed["probes"]) == 1  # it rolled out batch 2 only
+    assert resumed["weights"].keys() == uninterrupted["weights"].keys() and len(resumed["weights"]) == 4  # 2 agents, 2 critics
+    for key, weights in uninterrupted["weights"].items():
+        for name, value in weights.items():
+            assert torch.equal(resumed["weights"][key][name], value), (key, name)
+    start = CausalLMPolicy.from_pretrained(model_dir).model.state_dict()
+    assert_iac_trained_alike([r["maac"] for r in ranks], run(model_dir, learner="maac"), start)
 
 
 def test_fsdp_with_mp_placement_is_one_line_error():

@@ -36,6 +36,7 @@ or the anchor library's keywords (``agent_model``/``agents``, ``critic_model``/`
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -54,6 +55,7 @@ from llm_marl.learners.tree import RolloutNode, derive_seed, iter_nodes
 from llm_marl.policies.base import Completion
 from llm_marl.policies.critic import Critic, joint_observation
 from llm_marl.policies.tabular_critic import TabularCritic
+from llm_marl.runs.fsdp import full_state_dict
 
 __all__ = ["ACSample", "ActorCriticTrainerBase", "IACConfig", "IACTrainer", "MAACConfig", "MAACTrainer"]
 
@@ -136,7 +138,7 @@ def rollout_samples(samples: Sequence[ACSample], agents: Sequence[str]) -> list[
 class ActorCriticTrainerBase(MAGRPOTrainer):
     """The actor-critic loop (module docstring); :class:`IACTrainer` and :class:`MAACTrainer`."""
 
-    _fsdp_supported = False  # fsdp=True: refused with a one-line error (not sharded yet)
+    _fsdp_supported = True  # fsdp=True: critics built before the agents are sharded, then sharded too (runs/fsdp.py)
 
     config_class = IACConfig
     central = False
@@ -158,15 +160,13 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}")
         model_config = dict(kwargs.get("model_config") or {})
         anchor = bool({k for k in kwargs if k not in ("optimizers", "eval_logger", "eval_aggregator")}) or env is None
-        super().__init__(env, policies, args, eval_env, **kwargs)
+        self._critic_sources = (critics, critic_model, model_config, anchor)
+        self.critics: dict[str, Critic] = {}
+        super().__init__(env, policies, args, eval_env, **kwargs)  # fsdp=True: calls _make_critics before sharding
         self.metrics_callback = metrics_callback
         self._callback_takes_rollouts = anchor  # CoMLRL's keywords: CoMLRL's RolloutSample objects
-        if anchor:
-            critics = self._anchor_critics(critics, critic_model, model_config)
-        elif critic_model is not None:
-            raise TypeError("critic_model= belongs to the anchor keywords; env-native trainers take critics=")
-        self.critics = self._resolve_critics(critics)
-        self._place_critics()
+        if not self.critics:
+            self._make_critics()
         self.critic_optimizers: dict[str, torch.optim.Optimizer] = {}
         self.critic_params: dict[str, list[torch.nn.Parameter]] = {}
         for name, critic in self.critics.items():
@@ -186,6 +186,16 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
                     self.critic_optimizers[name] = default_optimizer(params, lr=self.args.critic_rate, weight_decay=self.args.weight_decay)
 
     # --- critics ----------------------------------------------------------------------------
+
+    def _make_critics(self) -> None:
+        """Build and place the critics from the constructor's ``critics`` / ``critic_model``."""
+        critics, critic_model, model_config, anchor = self._critic_sources
+        if anchor:
+            critics = self._anchor_critics(critics, critic_model, model_config)
+        elif critic_model is not None:
+            raise TypeError("critic_model= belongs to the anchor keywords; env-native trainers take critics=")
+        self.critics = self._resolve_critics(critics)
+        self._place_critics()
 
     def critic_of(self, agent: str) -> tuple[str, int]:
         """(name of the critic judging ``agent``, index of ``agent``'s output in it)."""
@@ -329,6 +339,9 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
         """Critics and their optimizers, saved in and restored from checkpoints."""
         extras: dict[str, Any] = {}
         for i, (name, critic) in enumerate(self.critics.items()):
+            shard = getattr(self, "sharded_critics", {}).get(name)
+            if shard is not None and not shard.frozen:
+                continue  # fsdp: its shards, head and optimizer state are written by torch.distributed.checkpoint
             extras[f"critic_{i}"] = critic
             if name in self.critic_optimizers:
                 extras[f"critic_{i}_optimizer"] = self.critic_optimizers[name]
@@ -341,10 +354,17 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
 
         super().save_model(output_dir)
         folders = agent_folders(self.agents)
-        for i, critic in enumerate(self.critics.values()):
+        for i, (name, critic) in enumerate(self.critics.items()):
             target = os.path.join(output_dir, "critic") if self.central else os.path.join(output_dir, folders[i], "critic")
             os.makedirs(target, exist_ok=True)
-            if hasattr(critic, "save_pretrained"):
+            shard = getattr(self, "sharded_critics", {}).get(name)
+            if shard is not None and not shard.frozen:  # fsdp: every rank gathers, rank 0 writes
+                full = full_state_dict(shard.model)
+                if self.dist.is_main:
+                    critic.save_pretrained(target, state_dict=full)
+            elif self.sharded and not self.dist.is_main:
+                continue  # fsdp: every rank calls save_model; whole critics are written by rank 0
+            elif hasattr(critic, "save_pretrained"):
                 critic.save_pretrained(target)
             else:
                 torch.save(critic.state_dict(), os.path.join(target, "critic.pt"))
@@ -645,11 +665,20 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
             parts = {a: step[a] for a in judged}
             total = self.dist.sum(sum(len(b) for b in parts.values()))
             optimizer.zero_grad(set_to_none=True)
-            local = sum((self._value_loss_sum(a, b) for a, b in parts.items() if b), torch.zeros((), dtype=torch.float64))
+            shard = getattr(self, "sharded_critics", {}).get(name)  # fsdp: values on the gathered weights
+            try:
+                with shard.accumulating() if shard is not None else contextlib.nullcontext():
+                    local = sum((self._value_loss_sum(a, b) for a, b in parts.items() if b), torch.zeros((), dtype=torch.float64)) / max(total, 1)
+                    if shard is not None and local.requires_grad and torch.isfinite(local):
+                        local.backward()  # this rank's full gradient, kept locally
+            finally:
+                if shard is not None:
+                    shard.reduce()  # every rank: reduce-scatter into the shards
+            local = local.detach() if shard is not None else local
             who = "central critic" if self.central else f"critic of agent {name!r}"
             label = "critic" if self.central else f"{name}/critic"
             joined = [s for b in parts.values() for s in b]
-            results.append((label, optimizer, self._gradient(who, self.critic_params[name], local / max(total, 1), joined)))
+            results.append((label, optimizer, self._gradient(who, self.critic_params[name], local, joined)))
         return results
 
 

@@ -44,8 +44,12 @@ class SamplerGapError(RuntimeError):
 
 def default_optimizer(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.Optimizer:
     """AdamW with torch's fused kernel where every parameter allows it (floating point, on CPU or
-    CUDA), the usual per-tensor loop elsewhere. Both compute the same update."""
+    CUDA), the usual per-tensor loop elsewhere. Both compute the same update. FSDP shards beside
+    whole tensors (a sharded critic's value head) go in two groups: AdamW steps a group at once."""
     fusable = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
+    shards = [p for p in params if is_sharded(p)]
+    if shards and len(shards) < len(params):
+        params = [{"params": shards}, {"params": [p for p in params if not is_sharded(p)]}]  # type: ignore[list-item]
     if fusable:
         try:
             return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=True)

@@ -262,12 +262,13 @@ class CausalLMCritic:
         if not self.shared and "model" in state:
             self.model.load_state_dict(state["model"], strict=strict)
 
-    def save_pretrained(self, directory: str | os.PathLike[str]) -> Path:
-        """Model and tokenizer (unless shared) with ``save_pretrained``, the head as ``value_head.pt``."""
+    def save_pretrained(self, directory: str | os.PathLike[str], state_dict: Mapping[str, torch.Tensor] | None = None) -> Path:
+        """Model and tokenizer (unless shared) with ``save_pretrained``, the head as ``value_head.pt``.
+        ``state_dict``: the model's weights to write instead of its own (e.g. gathered from FSDP shards)."""
         path = Path(directory)
         path.mkdir(parents=True, exist_ok=True)
         if not self.shared:
-            self.model.save_pretrained(path)
+            self.model.save_pretrained(path, state_dict=state_dict)
             self.tokenizer.save_pretrained(path)
         torch.save({"state": self.head.state_dict(), "num_outputs": self.num_outputs, "hidden_dim": self.hidden_dim}, path / HEAD_FILE)
         return path

@@ -81,6 +81,8 @@ def save(trainer: Any) -> str:
                 save_shards(sharded[agent], trainer.optimizers.get(agent), os.path.join(tmp, f"agent_{i}", "shards"))
             if agent in references:
                 save_shards(references[agent], None, os.path.join(tmp, f"agent_{i}", "reference_shards"))
+        for folder, shard, optimizer in _critic_shards(trainer):
+            save_shards(shard, optimizer, os.path.join(tmp, folder))
         if not trainer.dist.is_main:
             trainer.dist.barrier()  # rank 0 completes the folder
             trainer.state.last_checkpoint = final
@@ -137,6 +139,15 @@ def save(trainer: Any) -> str:
     if sharded:
         trainer.dist.barrier()
     return final
+
+
+def _critic_shards(trainer: Any) -> list[tuple[str, Any, Any]]:
+    """``(folder, sharded model, optimizer)`` of each critic sharded with its own model (fsdp=True):
+    its weights, value head and optimizer state go to ``critic_<i>_shards/``."""
+    names = list(getattr(trainer, "critics", None) or {})
+    optimizers = getattr(trainer, "critic_optimizers", {})
+    return [(f"critic_{names.index(name)}_shards", shard, optimizers.get(name))
+            for name, shard in getattr(trainer, "sharded_critics", {}).items() if not shard.frozen]
 
 
 def closing_wanted(trainer: Any) -> bool:
@@ -265,6 +276,10 @@ def load(trainer: Any, path: str) -> None:
             load_shards(sharded_reference, None, os.path.join(folder, "reference_shards"))
         elif trainer.reference_policies is not None and os.path.exists(reference):
             trainer.reference_policies[agent].load_state_dict(torch.load(reference, weights_only=False))
+    for folder, shard, optimizer in _critic_shards(trainer):
+        from llm_marl.runs.fsdp import load_shards
+
+        load_shards(shard, optimizer, os.path.join(path, folder))
     for name, extra in _extras(trainer).items():
         file = os.path.join(path, f"{name}.pt")
         if not os.path.exists(file):

@@ -45,6 +45,7 @@ __all__ = [
     "save_consolidated",
     "save_shards",
     "shard_agents",
+    "shard_critics",
     "shard_model",
     "shard_team",
 ]
@@ -101,6 +102,9 @@ def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
         raise ValueError(
             "fsdp=True needs a torchrun process group of 2+ ranks (torchrun --nproc_per_node N ...); in one process train without fsdp"
         )
+    make_critics = getattr(trainer, "_make_critics", None)
+    if make_critics is not None:  # actor-critic: critics copy the agents' models before they are sharded
+        make_critics()
     from torch.distributed.device_mesh import init_device_mesh
 
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
@@ -129,14 +133,36 @@ def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
             continue  # a team's reference is its own base with the adapters off: sharded above
         trainer.dist.broadcast_parameters(reference.model.parameters())
         trainer.sharded_references[agent] = shard_model(reference.model, mesh, f"agent {agent!r}'s reference model")
+    trainer.sharded_critics = shard_critics(trainer, mesh, device_type, teams)
     return sharded
 
 
+def shard_critics(trainer: Any, mesh: Any, device_type: str, teams: dict[int, "ShardedModel"]) -> dict[str, "ShardedModel"]:
+    """Critic name -> the sharded model its values run on, for every language-model critic of an
+    actor-critic trainer: a separate critic's own backbone, sharded per decoder layer (its value
+    head stays whole on every rank, as a LoRA team's adapters do); a critic on a LoRA team's base
+    (:class:`~llm_marl.policies.adapter_critic.AdapterCritic`): the team's sharded base. A critic
+    on its actor's own model (``use_separate_critic=False``) runs inside the actor's update and
+    needs none; a tabular critic is whole on every rank."""
+    critics: dict[str, ShardedModel] = {}
+    for name, critic in (getattr(trainer, "critics", None) or {}).items():
+        team = getattr(critic, "team", None)
+        if team is not None:
+            critics[name] = teams[id(team)]
+        elif isinstance(getattr(critic, "model", None), torch.nn.Module) and not getattr(critic, "shared", False):
+            if device_type == "cuda":
+                critic.to(torch.device("cuda", torch.cuda.current_device()))
+            trainer.dist.broadcast_parameters(critic.parameters())
+            critics[name] = shard_model(critic.model, mesh, f"critic {name!r}'s model")
+            critics[name].checkpointed = torch.nn.ModuleDict({"model": critic.model, "head": critic.head})
+    return critics
+
+
 def gathered(trainer: Any) -> ExitStack:
-    """A context in which every sharded model of ``trainer`` (agents, then their references)
+    """A context in which every sharded model of ``trainer`` (agents, their references, critics)
     holds its full weights; every rank enters it. Empty without fsdp."""
     stack = ExitStack()
-    models = [*trainer.sharded.values(), *getattr(trainer, "sharded_references", {}).values()]
+    models = [*trainer.sharded.values(), *getattr(trainer, "sharded_references", {}).values(), *getattr(trainer, "sharded_critics", {}).values()]
     for model in {id(m): m for m in models}.values():  # a team's agents share one base
         stack.enter_context(model.gathered())
     return stack
@@ -157,7 +183,7 @@ def save_shards(sharded: "ShardedModel", optimizer: Any, folder: str) -> None:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    model_state, optimizer_state = get_state_dict(sharded.model, [optimizer] if optimizer is not None else [])
+    model_state, optimizer_state = get_state_dict(sharded.checkpointed, [optimizer] if optimizer is not None else [])
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=folder)
 
 
@@ -167,10 +193,10 @@ def load_shards(sharded: "ShardedModel", optimizer: Any, folder: str) -> None:
     from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
     optimizers = [optimizer] if optimizer is not None else []
-    model_state, optimizer_state = get_state_dict(sharded.model, optimizers)
+    model_state, optimizer_state = get_state_dict(sharded.checkpointed, optimizers)
     state = {"model": model_state, "optimizer": optimizer_state}
     dcp.load(state, checkpoint_id=folder)
-    set_state_dict(sharded.model, optimizers, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    set_state_dict(sharded.checkpointed, optimizers, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
 
 
 def save_consolidated(sharded: "ShardedModel", policy: Any, target: str, is_main: bool) -> None:
@@ -219,6 +245,8 @@ class ShardedModel:
         self.frozen = frozen
         """The sharded weights never train (a LoRA team's base): :meth:`reduce` only reshards, and
         the agents' own weights (the adapters) are whole on every rank, saved as without fsdp."""
+        self.checkpointed: torch.nn.Module = model
+        """What a checkpoint holds (:func:`save_shards`): the model, or a critic's model and value head."""
         self.units = [m for m in model.modules() if isinstance(m, FSDPModule)]
         for unit in self.units:
             unit.set_gradient_divide_factor(1.0)  # the loss is already a mean over all ranks' samples
@@ -282,7 +310,7 @@ class ShardedModel:
 
 def grad_norm(params: list[torch.nn.Parameter], max_norm: float | None) -> torch.Tensor:
     """The total 2-norm of sharded gradients (their local shards' squares summed over the ranks
-    of a shard group),
+    of a shard group; gradients whole on every rank, already summed over the ranks, counted once),
     after clipping them to ``max_norm`` like ``clip_grad_norm_`` (coefficient ``max_norm /
     (norm + 1e-6)``, at most 1)."""
     import torch.distributed as dist
@@ -290,11 +318,15 @@ def grad_norm(params: list[torch.nn.Parameter], max_norm: float | None) -> torch
     grads = [p.grad for p in params if p.grad is not None]
     local = [g.to_local() if is_sharded(g) else g for g in grads]
     total = torch.zeros((), dtype=torch.float64)
-    for g in local:
-        total += g.detach().double().pow(2).sum().cpu()
+    for g in grads:
+        if is_sharded(g):
+            total += g.to_local().detach().double().pow(2).sum().cpu()
     mesh = next((g.device_mesh for g in grads if is_sharded(g)), None)
     group = mesh.get_group(mesh.ndim - 1) if mesh is not None else None  # 2-D mesh: the shard group (replicas agree)
     dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
+    for g in grads:  # whole on every rank (a value head beside a sharded backbone): counted once
+        if not is_sharded(g):
+            total += g.detach().double().pow(2).sum().cpu()
     norm = total.sqrt().float()
     if max_norm is not None:
         coefficient = torch.clamp(max_norm / (norm + 1e-6), max=1.0)
