@@ -1,9 +1,9 @@
 """The main job's training steps quiet and beside a competing CPU-bound process, in one run.
 
-Issue 32: with OpenMP's default (spinning) wait policy, the main job (``llm-marl train``: two
-SmolLM2-135M-Instruct LoRA adapters on NameMatch) took 2.7x its quiet time beside one busy
-process and 13-16x beside four, where a fair share of the CPU predicts 2-3x. This script measures
-that ratio for the wait policies it is given:
+Issue 32: with OpenMP's default (spinning) wait policy and a fixed thread count, the main job
+(``llm-marl train``: two SmolLM2-135M-Instruct LoRA adapters on NameMatch) took 2.7x its quiet
+time beside one busy process and 13-16x beside four, where a fair share of the CPU predicts 2-3x.
+This script measures that ratio for the policies it is given:
 
 - every measurement is a fresh worker process (OpenMP reads ``OMP_WAIT_POLICY`` when torch loads)
   that builds the main job's trainer (``llm_marl.cli.MAIN_RUN``, or ``--model tiny``: the tiny-model
@@ -11,21 +11,23 @@ that ratio for the wait policies it is given:
   the evaluations and checkpoints are not timed;
 - "loaded": ``--busy`` single-threaded ``while True: pass`` processes run while the worker trains
   (started before it loads, killed when it ends); "quiet": none;
-- policies: ``passive`` is what the command and ``import llm_marl`` now set
-  (``OMP_WAIT_POLICY=PASSIVE``); ``default`` is the old behaviour (the variable unset when torch
-  loads: libgomp spins 300,000 rounds before it sleeps); ``active`` is ``OMP_WAIT_POLICY=ACTIVE``;
-  ``spin:N`` is the policy unset with ``GOMP_SPINCOUNT=N`` (a short spin, then sleep: a middle
-  way should the passive policy cost a quiet machine too much). Every run uses the same thread count,
-  torch's default (or ``--threads``), set as num_threads so that llm_marl's free-CPU choice for
-  spinning threads does not change it;
+- policies: ``adaptive`` is what ``llm-marl`` does now: the wait policy unset (libgomp spins
+  300,000 rounds before it sleeps) and the count left to the trainer, which keeps it equal to the
+  CPUs other work leaves free (``llm_marl.threads``; the row shows the counts it went through).
+  The others fix the count at torch's default (or ``--threads``), as num_threads: ``default`` with
+  the policy unset (spinning threads, as before issue 32), ``passive`` with
+  ``OMP_WAIT_POLICY=PASSIVE`` (what the command set from issue 32 until the governor), ``active``
+  with ``OMP_WAIT_POLICY=ACTIVE``, ``spin:N`` with the policy unset and ``GOMP_SPINCOUNT=N`` (a
+  short spin, then sleep);
 - interleaved: each round runs every (policy, condition) pair once, in an order that alternates
   between rounds, so a drifting machine biases no pair; the table shows medians over rounds.
 
 It prints the machine (CPU model and flags: ``benchmarks/machine.py``) first, then the table:
 per policy the quiet and loaded seconds of training, loaded/quiet, and quiet against the
-``default`` policy's quiet time (the passive policy's cost on a quiet machine)::
+``default`` policy's quiet time (a policy's cost on a quiet machine)::
 
     python benchmarks/under_load.py --steps 4 --rounds 3                 # the main job (model cached)
+    python benchmarks/under_load.py --steps 4 --rounds 2 --busy 4        # beside four busy processes
     python benchmarks/under_load.py --model tiny --steps 1 --rounds 1    # a check that it runs
 
 Run it on an otherwise quiet machine: other load adds to the "quiet" runs.
@@ -46,7 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import describe, print_machine  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-POLICIES = ("passive", "default", "active")
+POLICIES = ("adaptive", "passive", "default", "active")
 
 
 def policy_name(text: str) -> str:
@@ -65,19 +67,24 @@ def worker(spec: dict) -> dict:
     options = default_options(spec["model"])
     if spec["model"] is not None:
         options["model"] = spec["model"]
-    threads = spec["threads"] or torch.get_num_threads()  # the same count for every policy
+    from llm_marl import threads as governor
+
+    # adaptive: the trainer's own choice; the others: the same fixed count for every policy
+    fixed = None if spec["policy"] == "adaptive" else spec["threads"] or torch.get_num_threads()
     with tempfile.TemporaryDirectory(prefix="under-load-") as out:
         options.update(
             output_dir=out, max_steps=spec["steps"], progress_bar=False, rollout_log_steps=0, eval_interval=0,
-            save_final_checkpoint=False, save_steps=0, seed=spec["seed"], num_threads=threads,
+            save_final_checkpoint=False, save_steps=0, seed=spec["seed"], num_threads=fixed,
         )
         trainer = build_trainer(options)
         wall, cpu_time = time.perf_counter(), time.process_time()
         state = trainer.train()
         wall, cpu_time = time.perf_counter() - wall, time.process_time() - cpu_time
+    ruler = governor.current()
+    counts = [ruler.ceiling] + [n for _, n, _ in ruler.changes] if ruler else [torch.get_num_threads()]
     policy = os.environ.get("OMP_WAIT_POLICY", "<unset>") + (f", GOMP_SPINCOUNT={os.environ['GOMP_SPINCOUNT']}" if "GOMP_SPINCOUNT" in os.environ else "")
     return {"seconds": wall, "cpu_seconds": cpu_time, "steps": state.global_step, "threads": torch.get_num_threads(),
-            "wait_policy": policy}
+            "thread_counts": counts, "wait_policy": policy}
 
 
 def measure(policy: str, busy: int, ns: argparse.Namespace) -> dict:
@@ -87,7 +94,7 @@ def measure(policy: str, busy: int, ns: argparse.Namespace) -> dict:
     env["TOKENIZERS_PARALLELISM"] = "false"
     if policy.startswith("spin:"):
         env["GOMP_SPINCOUNT"] = policy.split(":", 1)[1]
-    elif policy != "default":
+    elif policy not in ("default", "adaptive"):
         env["OMP_WAIT_POLICY"] = policy.upper()
     spec = {"policy": policy, "model": ns.model, "steps": ns.steps, "threads": ns.threads, "seed": ns.seed}
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(busy)]
@@ -110,11 +117,17 @@ def table(rows: list[dict], policies: list[str], busy: int) -> str:
         return statistics.median(values) if values else None
 
     base = median("default", 0)
-    lines = [f"| wait policy | quiet s | beside {busy} busy s | loaded / quiet | quiet / default's quiet |", "|---|---|---|---|---|"]
+    def counts(policy: str, n: int) -> str:  # the thread counts of its last such run
+        row = [r for r in rows if r["policy"] == policy and r["busy"] == n][-1]
+        return "->".join(map(str, row["thread_counts"]))
+
+    lines = [f"| policy | quiet s | beside {busy} busy s | loaded / quiet | quiet / default's quiet | threads quiet; loaded |",
+             "|---|---|---|---|---|---|"]
     for policy in policies:
         quiet, loaded = median(policy, 0), median(policy, busy)
         versus = f"{quiet / base:.3f}" if base else "-"
-        lines.append(f"| {policy} | {quiet:.2f} | {loaded:.2f} | {loaded / quiet:.2f}x | {versus} |")
+        lines.append(f"| {policy} | {quiet:.2f} | {loaded:.2f} | {loaded / quiet:.2f}x | {versus} | "
+                     f"{counts(policy, 0)}; {counts(policy, busy)} |")
     return "\n".join(lines)
 
 
@@ -123,10 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=4, help="optimizer steps timed per run (default 4)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds; the table shows medians (default 3)")
     parser.add_argument("--busy", type=int, default=1, help="competing busy processes in the loaded runs (default 1)")
-    parser.add_argument("--policies", nargs="+", type=policy_name, default=["passive", "default"],
-                        help="wait policies: passive, default, active, spin:N (default: passive default)")
+    parser.add_argument("--policies", nargs="+", type=policy_name, default=["adaptive", "default", "passive"],
+                        help="adaptive, passive, default, active, spin:N (default: adaptive default passive)")
     parser.add_argument("--model", default=None, help="None: the main job (SmolLM2-135M team); 'tiny': the tiny-model default run")
-    parser.add_argument("--threads", type=int, default=None, help="num_threads for every run (default: torch's default count)")
+    parser.add_argument("--threads", type=int, default=None, help="num_threads for every run but adaptive's (default: torch's default count)")
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--out", help="write the machine and the rows as JSON here")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -142,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             row = {"round": round_, **measure(policy, busy, ns), "load_after": round(os.getloadavg()[0], 2)}
             rows.append(row)
             print(f"round {round_} {policy:>11} {'quiet' if busy == 0 else f'beside {busy} busy':>14}: "
-                  f"{row['seconds']:.2f} s training ({row['steps']} steps, {row['threads']} threads, "
+                  f"{row['seconds']:.2f} s training ({row['steps']} steps, threads {'->'.join(map(str, row['thread_counts']))}, "
                   f"OMP_WAIT_POLICY={row['wait_policy']}, CPU {row['cpu_seconds']:.2f} s, load {row['load_after']})", flush=True)
     print()
     print(describe(info))

@@ -4,22 +4,19 @@ The names below are imported on first use (PEP 562), so that ``import llm_marl.c
 ``llm-marl`` command — starts without loading torch and transformers, and a Ctrl-C while they
 load is the command's own clean exit (130), not a traceback.
 
-Imported before torch, the package sets ``OMP_WAIT_POLICY=PASSIVE`` unless the environment
-already has a wait policy: torch's threads then sleep instead of spinning while they wait, which
-keeps a run from slowing down many times over when other work shares the CPUs
-(:mod:`llm_marl.cpu`). OpenMP reads the variable only when torch loads.
+The package sets no OpenMP wait policy: torch's threads spin while they wait (OpenMP's default,
+the fastest on a quiet machine), and a trainer keeps their count equal to the CPUs that other
+work leaves free, so that a run does not slow down many times over beside other busy processes
+(:mod:`llm_marl.cpu`, :mod:`llm_marl.threads`). ``OMP_WAIT_POLICY=PASSIVE``, set before torch
+loads, makes waiting threads sleep instead.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
 import sys
 from typing import Any
-
-if "torch" not in sys.modules:
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # llm_marl.cpu.prefer_passive_wait, without importing it
 
 _HOMES = {
     "llm_marl.envs": ("DialogueEnv", "make", "register"),

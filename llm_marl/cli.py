@@ -45,10 +45,8 @@ import sys
 import time
 from typing import Any, Sequence
 
-from llm_marl import assembly, cpu
+from llm_marl import assembly
 from llm_marl.assembly import SAMPLING_FIELDS  # noqa: F401 (still importable as cli.SAMPLING_FIELDS)
-
-cpu.prefer_passive_wait()  # before anything loads torch: OpenMP reads the wait policy once, when torch loads
 
 LEARNERS = {
     "magrpo": "MAGRPO",

@@ -11,26 +11,26 @@ hardware through oneDNN (``torch.ops.mkldnn._is_mkldnn_bf16_supported()``, which
 bf16 layers are not packed (they run unpacked: the same results) and bf16 models still run —
 the request keeps its meaning — with one line, once, saying so and why (:func:`warn_bf16_fallback`).
 
-**Threads.** On a machine where other processes compete for the cores, OpenMP's default
-spin-waiting makes torch's threads burn their time slices waiting for each other: a training run
-beside one busy process took 2.7x its quiet time, beside four 13-16x. A passive wait policy
-(``OMP_WAIT_POLICY=PASSIVE``: a thread that waits sleeps) avoids that, but OpenMP reads it only
-when torch loads. So the ``llm-marl`` command and ``import llm_marl`` set it when torch is not yet
-imported (:func:`prefer_passive_wait`; never overriding a value the user set), and when torch
-came first a trainer picks its thread count from the CPUs free at that moment and says once what
-to set (:func:`configure_threads`). ``--threads N`` / config ``num_threads`` choose the count.
+**Threads.** OpenMP's default wait policy makes torch's threads spin while they wait for each
+other: the fastest choice on a quiet machine, but beside other busy processes the spinning
+threads lose their CPUs to them (a training run beside one busy process took 2.7x its quiet
+time, beside four 13-16x). A passive policy (``OMP_WAIT_POLICY=PASSIVE``: a waiting thread sleeps)
+avoids that but cost a quiet machine a third. So llm_marl leaves the wait policy to OpenMP (or
+to the user: it never sets one) and instead keeps torch's thread count equal to the CPUs other
+work leaves free, re-measured while a run goes (:func:`configure_threads`, :mod:`llm_marl.threads`):
+a team of one thread never waits. ``--threads N`` / config ``num_threads`` (or
+``OMP_NUM_THREADS``) fix the count instead; on a shared machine, pair a fixed count with
+``OMP_WAIT_POLICY=PASSIVE``.
 
-This module imports nothing from the package and loads torch only inside the functions that
-need it, so the command can call it before torch loads.
+This module imports nothing at module level but the standard library (torch and
+:mod:`llm_marl.threads` only inside the functions that need them), so it loads without torch.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import os
 import platform
-import sys
 import warnings
 from typing import NamedTuple
 
@@ -39,10 +39,10 @@ __all__ = [
     "CPUWarning",
     "bf16_support",
     "configure_threads",
+    "count_fixed",
     "cpu_flags",
     "cpu_model",
-    "free_cpus",
-    "prefer_passive_wait",
+    "default_counts",
     "relevant_flags",
     "warn_bf16_fallback",
 ]
@@ -159,27 +159,8 @@ def warn_bf16_fallback(what: str) -> None:
 
 # --- threads -----------------------------------------------------------------------------------------
 
-WAIT_POLICY = "OMP_WAIT_POLICY"
-
-_STATE = {"set_passive": False}
-
-
-def prefer_passive_wait() -> bool:
-    """Set ``OMP_WAIT_POLICY=PASSIVE`` when torch is not imported yet and the user set no policy
-    (OpenMP reads it once, when torch loads). Returns whether the passive policy is (or will be)
-    in effect for this process's torch."""
-    if "torch" not in sys.modules and WAIT_POLICY not in os.environ:
-        os.environ[WAIT_POLICY] = "PASSIVE"
-        _STATE["set_passive"] = True
-    return passive_wait()
-
-
-def passive_wait() -> bool:
-    """Whether this process's OpenMP threads wait passively: the policy was PASSIVE when torch
-    loaded (set by the user, or by :func:`prefer_passive_wait` before torch loaded)."""
-    if _STATE["set_passive"]:
-        return True
-    return os.environ.get(WAIT_POLICY, "").strip().upper() == "PASSIVE"
+COUNT_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+"""Environment variables that fix torch's thread count (torchrun sets OMP_NUM_THREADS per rank)."""
 
 
 def _affinity() -> set[int]:
@@ -189,26 +170,52 @@ def _affinity() -> set[int]:
         return set(range(os.cpu_count() or 1))
 
 
-def free_cpus() -> int:
-    """CPUs this process may use that other work does not keep busy: the usable CPUs minus the
-    1-minute load average beyond this process's own one (at least 1)."""
-    usable = len(_affinity())
+def _physical_cores() -> int | None:
+    """Distinct (physical id, core id) pairs of /proc/cpuinfo (None where it does not say)."""
+    cores = set()
     try:
-        load = os.getloadavg()[0]
-    except (AttributeError, OSError):  # pragma: no cover - not Unix
-        return usable
-    others = max(0.0, load - 1.0)
-    return max(1, min(usable, math.floor(usable - others + 0.5)))
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            package = None
+            for line in handle:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "physical id":
+                    package = value.strip()
+                elif key == "core id":
+                    cores.add((package, value.strip()))
+    except OSError:
+        return None
+    return len(cores) or None
+
+
+def default_counts() -> set[int]:
+    """The counts torch picks by itself when nothing fixes one: a thread per physical core, per
+    CPU, or per usable CPU (which one depends on torch's build)."""
+    return {n for n in (_physical_cores(), os.cpu_count(), len(_affinity())) if n}
+
+
+def count_fixed(current: int) -> str | None:
+    """What fixed torch's count ``current`` (an environment variable, or a count torch did not pick
+    by itself: ``torch.set_num_threads`` was called), or None."""
+    for name in COUNT_VARIABLES:
+        if os.environ.get(name, "").strip():
+            return name
+    if current not in default_counts():
+        return "torch.set_num_threads"
+    return None
 
 
 def configure_threads(num_threads: int | None = None) -> int:
     """Set torch's intra-op thread count for a run and return it.
 
-    ``num_threads`` given: exactly that many. None: torch's count, except where torch's threads
-    spin while waiting (the wait policy was not passive when torch loaded) and fewer CPUs are
-    free than it has threads: then as many as are free, and one line, once, says what to set."""
+    ``num_threads`` given: exactly that many. None: torch's count now, kept equal to the CPUs that
+    other work leaves free while the run goes (:mod:`llm_marl.threads`), unless something fixed it
+    (:func:`count_fixed`): then exactly that count."""
     import torch
 
+    from llm_marl import threads
+
+    threads.stop()
     if num_threads is not None:
         if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
             raise ValueError(f"num_threads must be None or an int >= 1, got {num_threads!r}")
@@ -216,19 +223,6 @@ def configure_threads(num_threads: int | None = None) -> int:
             torch.set_num_threads(num_threads)
         return num_threads
     current = torch.get_num_threads()
-    if passive_wait() or current <= 1:
-        return current
-    free = free_cpus()
-    if free >= current:
-        return current
-    torch.set_num_threads(free)
-    if "threads" not in _WARNED:
-        _WARNED.add("threads")
-        warnings.warn(
-            f"torch was imported before llm_marl without {WAIT_POLICY}=PASSIVE, so its threads spin while waiting; "
-            f"{free} of {len(_affinity())} CPUs are free (load {os.getloadavg()[0]:.1f}): using {free} thread(s) instead of "
-            f"{current}; set {WAIT_POLICY}=PASSIVE before torch loads, or num_threads (--threads N), to choose",
-            CPUWarning,
-            stacklevel=2,
-        )
-    return free
+    if current > 1 and count_fixed(current) is None:
+        threads.start(current, sorted(_affinity()))
+    return current

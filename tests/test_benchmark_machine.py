@@ -56,7 +56,9 @@ def test_under_load_runs_each_worker_beside_the_busy_processes_asked_for(monkeyp
         spec = json.loads(command[-1])
         busy = [p for p in hogs if p.poll() is None]
         seen.append((spec["policy"], env.get("OMP_WAIT_POLICY"), env.get("GOMP_SPINCOUNT"), len(busy)))
-        row = {"seconds": 2.0 + len(busy), "cpu_seconds": 1.0, "steps": spec["steps"], "threads": 2, "wait_policy": "x"}
+        counts = [2, 1] if spec["policy"] == "adaptive" and busy else [2]
+        row = {"seconds": 2.0 + len(busy), "cpu_seconds": 1.0, "steps": spec["steps"], "threads": counts[-1],
+               "thread_counts": counts, "wait_policy": "x"}
         return subprocess.CompletedProcess(command, 0, stdout=json.dumps(row) + "\n", stderr="")
 
     hogs = []
@@ -68,10 +70,12 @@ def test_under_load_runs_each_worker_beside_the_busy_processes_asked_for(monkeyp
     monkeypatch.setattr(bench.subprocess, "run", fake_run)
     monkeypatch.setattr(bench.subprocess, "Popen", popen)
     ns = bench.argparse.Namespace(model="tiny", steps=1, threads=None, seed=0)
-    rows = [bench.measure(policy, busy, ns) for policy in ("passive", "default") for busy in (0, 2)]
-    assert seen == [("passive", "PASSIVE", None, 0), ("passive", "PASSIVE", None, 2), ("default", None, None, 0), ("default", None, None, 2)]
-    assert all(hog.poll() is not None for hog in hogs) and len(hogs) == 4  # every busy process is gone
+    rows = [bench.measure(policy, busy, ns) for policy in ("adaptive", "passive", "default") for busy in (0, 2)]
+    assert seen == [("adaptive", None, None, 0), ("adaptive", None, None, 2), ("passive", "PASSIVE", None, 0),
+                    ("passive", "PASSIVE", None, 2), ("default", None, None, 0), ("default", None, None, 2)]
+    assert all(hog.poll() is not None for hog in hogs) and len(hogs) == 6  # every busy process is gone
     bench.measure("spin:10000", 0, ns)
     assert seen[-1] == ("spin:10000", None, "10000", 0)
-    text = bench.table(rows, ["passive", "default"], 2)
-    assert "| passive | 2.00 | 4.00 | 2.00x | 1.000 |" in text and "| default | 2.00 | 4.00 | 2.00x | 1.000 |" in text
+    text = bench.table(rows, ["adaptive", "passive", "default"], 2)
+    assert "| adaptive | 2.00 | 4.00 | 2.00x | 1.000 | 2; 2->1 |" in text
+    assert "| passive | 2.00 | 4.00 | 2.00x | 1.000 | 2; 2 |" in text and "| default | 2.00 | 4.00 | 2.00x | 1.000 | 2; 2 |" in text

@@ -144,7 +144,7 @@ class MAGRPOConfig:
     progress_bar: bool = True
     """Show a tqdm progress bar during training."""
     num_threads: int | None = None
-    """CPU threads of torch's operations (CLI --threads N); None: torch's default, fewer where torch's threads spin and other work keeps CPUs busy (llm_marl/cpu.py)."""
+    """CPU threads of torch's operations (CLI --threads N), fixed; None: torch's default count, kept to the CPUs other work leaves free while the run goes (llm_marl/threads.py)."""
     report_to: Sequence[str] | str | None = None
     """Extra metric destinations: "wandb" also sends every logged metric to a W&B run (learners/logging.py)."""
     rollout_log_steps: int = 10

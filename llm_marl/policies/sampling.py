@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from llm_marl import threads
 from llm_marl.policies.lm_runner import ModelRunner
 from llm_marl.runs import progress
 
@@ -169,6 +170,7 @@ def decode(
     finished = torch.zeros(rows, dtype=torch.bool, device=input_ids.device)
     drawn = []
     for step in range(max_new_tokens):
+        threads.tick()  # torch's thread count follows the CPUs other work leaves free (llm_marl.threads)
         token = draw_token(logits, ban_eos=step < min_new_tokens)
         if on_step is not None:
             on_step(logits, token)
