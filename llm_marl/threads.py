@@ -21,6 +21,7 @@ quiet time). A team of one thread never waits for another, so instead of making 
 trainer's ``num_threads``, ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` in the environment — torchrun
 sets it per rank — or a count torch did not choose by itself); it stops governing as soon as
 something else changes torch's count, and where ``/proc`` cannot be read it leaves the count alone.
+It acts only in the thread that started it (OpenMP's count is per thread).
 A governed run's thread count follows the machine's load, so its float results are not
 bit-for-bit repeatable across runs: fix ``num_threads`` for that.
 """
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import collections
 import os
+import threading
 from time import monotonic
 from typing import Callable, Sequence
 
@@ -107,14 +109,17 @@ class ThreadGovernor:
         self.changes: collections.deque[tuple[float, int, float]] = collections.deque(maxlen=64)
         """The latest changes: (clock, new count, others)."""
         self._pending: int | None = None
+        self._owner = threading.get_ident()  # torch's count is per OpenMP thread: only this one's
         self._since = self._clock()
         self._last = self._read(self.cpus)
         self.active = self._last is not None and ceiling > 1
 
     def tick(self) -> int:
         """Check, if :attr:`interval` has passed since the last check, and change the count if two
-        checks in a row ask for the same new one; returns the count. Cheap between checks."""
-        if not self.active:
+        checks in a row ask for the same new one; returns the count. Cheap between checks; does
+        nothing in a thread other than the one that made the governor (OpenMP's count is per
+        thread)."""
+        if not self.active or threading.get_ident() != self._owner:
             return self.threads
         now = self._clock()
         elapsed = now - self._since

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -141,6 +142,16 @@ def test_between_checks_a_tick_reads_nothing(two_threads):
     assert fake.reads == 1
     governor.tick()  # 1 s: a check
     assert fake.reads == 2 and governor.others == pytest.approx(1.0, abs=0.02)
+
+
+def test_a_tick_from_another_thread_does_nothing(two_threads):
+    fake = FakeProc(others=1.0)
+    governor = threads.ThreadGovernor(2, [0, 1], read=fake.read, clock=fake.clock)
+    worker = threading.Thread(target=lambda: [governor.tick() for _ in range(3)])  # e.g. a backward pool's
+    worker.start()
+    worker.join()
+    assert fake.reads == 1 and governor.active and torch.get_num_threads() == 2
+    assert [governor.tick(), governor.tick()] == [2, 1]  # its own thread's ticks act
 
 
 def test_a_count_someone_else_sets_mid_run_ends_the_governing(two_threads):
