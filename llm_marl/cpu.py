@@ -215,7 +215,9 @@ def configure_threads(num_threads: int | None = None) -> int:
 
     from llm_marl import threads
 
-    threads.stop()
+    previous = threads.stop()
+    if previous is not None and torch.get_num_threads() == previous.threads != previous.ceiling:
+        torch.set_num_threads(previous.ceiling)  # the count torch had before an earlier run's governor lowered it
     if num_threads is not None:
         if isinstance(num_threads, bool) or not isinstance(num_threads, int) or num_threads < 1:
             raise ValueError(f"num_threads must be None or an int >= 1, got {num_threads!r}")

@@ -165,10 +165,11 @@ def start(ceiling: int, cpus: Sequence[int]) -> ThreadGovernor | None:
     return _GOVERNOR
 
 
-def stop() -> None:
-    """Stop governing (the count stays where it is)."""
+def stop() -> ThreadGovernor | None:
+    """Stop governing (the count stays where it is); returns the governor that was at work."""
     global _GOVERNOR
-    _GOVERNOR = None
+    previous, _GOVERNOR = _GOVERNOR, None
+    return previous
 
 
 def current() -> ThreadGovernor | None:

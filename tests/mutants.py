@@ -746,6 +746,13 @@ MUTANTS: list[Mutant] = [
         ("tests/test_threads.py::test_a_fixed_count_is_not_governed",),
     ),
     Mutant(
+        "a second trainer keeps the count an earlier run's thread governor lowered (never governed again)",
+        "llm_marl/cpu.py",
+        "        torch.set_num_threads(previous.ceiling)",
+        "        pass",
+        ("tests/test_threads.py::test_a_trainer_run_beside_a_busy_process_drops_to_one_thread",),
+    ),
+    Mutant(
         "optimizer steps do not let the thread governor check",
         "llm_marl/threads.py",
         "register_optimizer_step_post_hook(lambda optimizer, args, kwargs: tick())",

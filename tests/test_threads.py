@@ -221,6 +221,9 @@ def test_a_trainer_run_beside_a_busy_process_drops_to_one_thread(machine, monkey
     governor = threads.current()
     assert governor is not None and [count for _, count, _ in governor.changes] == [1]
     assert calls == [1] and torch.get_num_threads() == 1  # set by the governor, at an optimizer step
+    machine(others=0.0)  # the next trainer in this process starts from torch's own count again
+    assert cpu.configure_threads() == 2 and torch.get_num_threads() == 2
+    assert threads.current() is not governor and threads.current().ceiling == 2
 
 
 @pytest.mark.parametrize("how", ["num_threads", "OMP_NUM_THREADS", "torch.set_num_threads"])
