@@ -875,8 +875,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "fsdp: a LoRA team's adapters sharded with its base (not whole on every rank)",
         "llm_marl/runs/fsdp.py",
-        "team.model.get_base_model(), mesh, f\"team {team.name!r}'s base\", ignored=adapters, frozen=True)",
-        "team.model.get_base_model(), mesh, f\"team {team.name!r}'s base\", ignored=None, frozen=True)",
+        "team.model.get_base_model(), mesh, f\"team {team.name!r}'s base\", ignored=adapters, frozen=True, mixed=mixed)",
+        "team.model.get_base_model(), mesh, f\"team {team.name!r}'s base\", ignored=None, frozen=True, mixed=mixed)",
         ("tests/test_fsdp.py::test_two_sharded_ranks_train_like_one_unsharded_process",),
     ),
     Mutant(
@@ -899,6 +899,13 @@ MUTANTS: list[Mutant] = [
         "        for folder, shard, optimizer in _critic_shards(trainer):\n            save_shards(",
         "        for folder, shard, optimizer in _critic_shards(trainer)[:0]:\n            save_shards(",
         ("tests/test_fsdp.py::test_sharded_critics_resume_exactly_and_maac_trains_like_one_process",),
+    ),
+    Mutant(
+        "fsdp: mixed_precision=True ignored (fp32 gathers)",
+        "llm_marl/runs/fsdp.py",
+        "MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed",
+        "MixedPrecisionPolicy() if mixed",
+        ("tests/test_fsdp.py::test_two_sharded_ranks_train_like_one_unsharded_process",),
     ),
 ]
 

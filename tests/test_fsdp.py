@@ -64,6 +64,7 @@ run({model_dir!r}, fsdp=True, items_per_step=1, rollout_buffer_size=1, output_di
 result["checkpoint"] = sorted(os.listdir(os.path.join({run_dir!r}, "checkpoint-1", "agent_0", "shards")))
 result["resumed"] = run({model_dir!r}, fsdp=True, items_per_step=1, rollout_buffer_size=1, output_dir={run_dir!r}, resume=True)
 result["madpo"] = run({model_dir!r}, learner="madpo", fsdp=True, items_per_step=1, rollout_buffer_size=1)
+result["bf16"] = run({model_dir!r}, fsdp=True, mixed_precision=True, items_per_step=1, rollout_buffer_size=1)
 result["iac"] = run({model_dir!r}, learner="iac", fsdp=True, items_per_step=1, rollout_buffer_size=1, save_to={iac_saved!r})
 # a LoRA team: its base sharded, its adapters whole on every rank; stopped after one step and resumed
 team = dict(team=True, fsdp=True, items_per_step=1, rollout_buffer_size=1)
@@ -112,7 +113,7 @@ def lora_team(model_dir, **settings):
     return team
 
 
-def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, shard_size=None, items=4, items_per_step=2, rollout_buffer_size=2, save_to=None, output_dir=None, max_steps=None, resume=None):
+def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, mixed_precision=False, shard_size=None, items=4, items_per_step=2, rollout_buffer_size=2, save_to=None, output_dir=None, max_steps=None, resume=None):
     """Train 2 LM agents for 2 batches; returns weights, probe log-probs and measured bytes."""
     task = FunctionTask(length_reward, lambda item: item["prompt"], dataset=[{"prompt": PROMPTS[i % len(PROMPTS)]} for i in range(items)], num_agents=2, num_turns=1)
     settings = dict(max_new_tokens=6, temperature=1.0, top_p=None, top_k=None)
@@ -131,7 +132,7 @@ def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, 
         num_agents=2, num_turns=1, num_train_epochs=1, max_new_tokens=6, temperature=1.0, top_p=1.0,
         top_k=None, items_per_step=items_per_step, rollout_buffer_size=rollout_buffer_size, eval_interval=0,
         logging_steps=1, progress_bar=False, early_termination_threshold=None, agent_learning_rate=1e-2,
-        max_grad_norm=1.0, seed=5, fsdp=fsdp, fsdp_shard_size=shard_size, save_final_checkpoint=output_dir is not None, output_dir=output_dir,
+        max_grad_norm=1.0, seed=5, fsdp=fsdp, mixed_precision=mixed_precision, fsdp_shard_size=shard_size, save_final_checkpoint=output_dir is not None, output_dir=output_dir,
         max_steps=max_steps,
     )
     if learner == "madpo":  # the joint DPO loss over both agents, against sharded references
@@ -374,6 +375,17 @@ def test_two_sharded_ranks_train_like_one_unsharded_process(tmp_path, model_dir)
         for agent, whole in single_dpo[what].items():
             assert 0.45 * whole <= dpo[what][agent] <= 0.6 * whole, (what, agent, dpo[what][agent], whole)
 
+    # mixed_precision: the gathered weights are bf16 copies, the shards, gradients and AdamW
+    # state stay fp32 (half the unsharded fp32 bytes per rank); training moved the weights.
+    # (bf16 sampling draws other answers, so no equality with the fp32 run is asserted.)
+    for rank in ranks:
+        bf16 = rank["bf16"]
+        assert bf16["steps"] == 2 and {v.dtype for g in bf16["gathered"].values() for v in g.values()} == {torch.bfloat16}
+        assert all(g.dtype == torch.float32 and torch.isfinite(g).all() for steps in bf16["grads"].values() for step in steps for g in step)
+        for what in ("param_bytes", "grad_bytes", "optimizer_bytes"):
+            assert bf16[what] == sharded[what], what  # fp32 shards (1/2 of fp32), not bf16 (1/4)
+    assert {v.dtype for w in ranks[0]["bf16"]["weights"].values() for v in w.values()} == {torch.float32}
+    assert max((w[n] - start[n]).abs().max().item() for w in ranks[0]["bf16"]["weights"].values() for n in w) > 1e-3
     assert_iac_trained_alike([r["iac"] for r in ranks], run(model_dir, learner="iac"), start, tmp_path / "iac_saved")
     assert_team_trained_alike([r["team"] for r in ranks], run(model_dir, team=True), model_dir)
     # The team stopped after step 1 and resumed (the adapters and their optimizers saved whole, as
@@ -481,6 +493,8 @@ def test_sharded_critics_resume_exactly_and_maac_trains_like_one_process(tmp_pat
 def test_fsdp_with_mp_placement_is_one_line_error():
     with pytest.raises(ValueError, match='fsdp=True .* parallel_training="mp"'):
         MAGRPOConfig(fsdp=True, parallel_training="mp", agent_devices=["cpu", "cpu"])
+    with pytest.raises(ValueError, match="mixed_precision=True .* needs fsdp=True"):
+        MAGRPOConfig(mixed_precision=True)
 
 
 def test_fsdp_refuses_tabular_policies_and_a_missing_process_group(model_dir):

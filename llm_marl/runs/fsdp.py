@@ -113,6 +113,7 @@ def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
     else:  # a 2-D mesh: shard within groups of `shard` ranks, replicate across the groups (HSDP)
         mesh = init_device_mesh(device_type, (world // shard, shard), mesh_dim_names=("replicate", "shard"))
     sharded: dict[str, ShardedModel] = {}
+    mixed = bool(getattr(trainer.args, "mixed_precision", False))  # bf16 compute, fp32 reduction and shards
     teams: dict[int, ShardedModel] = {}  # a LoRA team's base is sharded once, for all its agents
     for agent in trainer.agents:
         policy = trainer.policies[agent]
@@ -121,23 +122,23 @@ def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
         team = getattr(policy, "team", None)
         if team is not None and id(team) not in teams:
             trainer.dist.broadcast_parameters(team.model.parameters())
-            teams[id(team)] = shard_team(team, mesh)
+            teams[id(team)] = shard_team(team, mesh, mixed)
         if team is not None:
             sharded[agent] = teams[id(team)]
             continue
         trainer.dist.broadcast_parameters(policy.model.parameters())
-        sharded[agent] = shard_model(policy.model, mesh, f"agent {agent!r}'s model")
+        sharded[agent] = shard_model(policy.model, mesh, f"agent {agent!r}'s model", mixed=mixed)
     trainer.sharded_references = {}
     for agent, reference in (trainer.reference_policies or {}).items():  # frozen copies made before sharding
         if getattr(reference, "team", None) is not None:
             continue  # a team's reference is its own base with the adapters off: sharded above
         trainer.dist.broadcast_parameters(reference.model.parameters())
-        trainer.sharded_references[agent] = shard_model(reference.model, mesh, f"agent {agent!r}'s reference model")
-    trainer.sharded_critics = shard_critics(trainer, mesh, device_type, teams)
+        trainer.sharded_references[agent] = shard_model(reference.model, mesh, f"agent {agent!r}'s reference model", mixed=mixed)
+    trainer.sharded_critics = shard_critics(trainer, mesh, device_type, teams, mixed)
     return sharded
 
 
-def shard_critics(trainer: Any, mesh: Any, device_type: str, teams: dict[int, "ShardedModel"]) -> dict[str, "ShardedModel"]:
+def shard_critics(trainer: Any, mesh: Any, device_type: str, teams: dict[int, "ShardedModel"], mixed: bool = False) -> dict[str, "ShardedModel"]:
     """Critic name -> the sharded model its values run on, for every language-model critic of an
     actor-critic trainer: a separate critic's own backbone, sharded per decoder layer (its value
     head stays whole on every rank, as a LoRA team's adapters do); a critic on a LoRA team's base
@@ -153,7 +154,7 @@ def shard_critics(trainer: Any, mesh: Any, device_type: str, teams: dict[int, "S
             if device_type == "cuda":
                 critic.to(torch.device("cuda", torch.cuda.current_device()))
             trainer.dist.broadcast_parameters(critic.parameters())
-            critics[name] = shard_model(critic.model, mesh, f"critic {name!r}'s model")
+            critics[name] = shard_model(critic.model, mesh, f"critic {name!r}'s model", mixed=mixed)
             critics[name].checkpointed = torch.nn.ModuleDict({"model": critic.model, "head": critic.head})
     return critics
 
@@ -212,27 +213,30 @@ def save_consolidated(sharded: "ShardedModel", policy: Any, target: str, is_main
         policy.save_pretrained(target, state_dict=full)
 
 
-def shard_model(model: torch.nn.Module, mesh: Any, where: str, ignored: set[torch.nn.Parameter] | None = None, frozen: bool = False) -> "ShardedModel":
+def shard_model(model: torch.nn.Module, mesh: Any, where: str, ignored: set[torch.nn.Parameter] | None = None, frozen: bool = False,
+                mixed: bool = False) -> "ShardedModel":
     """``fully_shard`` each decoder layer of ``model``, then ``model`` itself, on ``mesh``
     (in place: the module's class becomes its FSDP subclass, its parameters DTensor shards).
-    ``ignored``: parameters left whole on every rank; ``frozen``: no sharded weight trains."""
-    from torch.distributed.fsdp import fully_shard
+    ``ignored``: parameters left whole on every rank; ``frozen``: no sharded weight trains;
+    ``mixed``: bf16 gathered weights (forward, backward), fp32 gradient reduction."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     layers = decoder_layers(model)
     if not layers:
         raise ValueError(f"fsdp=True: {where} has no decoder layers to shard (no _no_split_modules, no ModuleList of blocks)")
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if mixed else MixedPrecisionPolicy()
     for layer in layers:
-        fully_shard(layer, mesh=mesh, ignored_params=ignored)
-    fully_shard(model, mesh=mesh, ignored_params=ignored)
+        fully_shard(layer, mesh=mesh, ignored_params=ignored, mp_policy=policy)
+    fully_shard(model, mesh=mesh, ignored_params=ignored, mp_policy=policy)
     return ShardedModel(model, frozen=frozen)
 
 
-def shard_team(team: Any, mesh: Any) -> "ShardedModel":
+def shard_team(team: Any, mesh: Any, mixed: bool = False) -> "ShardedModel":
     """A LoRA team (:class:`~llm_marl.policies.LoRATeam`): its frozen base sharded per decoder
     layer; the adapters (every ``lora_*`` parameter) stay whole on every rank, replicated as in
     data parallelism (their gradients are summed over the ranks like any unsharded parameter's)."""
     adapters = {p for name, p in team.model.named_parameters() if ".lora_" in name}
-    return shard_model(team.model.get_base_model(), mesh, f"team {team.name!r}'s base", ignored=adapters, frozen=True)
+    return shard_model(team.model.get_base_model(), mesh, f"team {team.name!r}'s base", ignored=adapters, frozen=True, mixed=mixed)
 
 
 class ShardedModel:
