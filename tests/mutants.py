@@ -898,7 +898,7 @@ MUTANTS: list[Mutant] = [
         "llm_marl/runs/checkpoint.py",
         "        for folder, shard, optimizer in _critic_shards(trainer):\n            save_shards(",
         "        for folder, shard, optimizer in _critic_shards(trainer)[:0]:\n            save_shards(",
-        ("tests/test_fsdp.py::test_sharded_critics_resume_exactly_and_maac_trains_like_one_process",),
+        ("tests/test_fsdp.py::test_sharded_critics_resume_exactly_and_maac_and_a_team_train_like_one_process",),
     ),
     Mutant(
         "fsdp: mixed_precision=True ignored (fp32 gathers)",

@@ -151,6 +151,8 @@ def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, 
     grads.update({f"critic:{n}": [] for n in critics})
 
     def critic_weights(name, critic):
+        if team:  # a value adapter on the team's base, and a head: whole on every rank
+            return {n: p.detach().clone() for n, p in critic.named_parameters()}
         shard = getattr(trainer, "sharded_critics", {}).get(name)
         from llm_marl.runs.fsdp import full_state_dict
 
@@ -208,7 +210,7 @@ def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, 
     gathered.update({f"critic:{n}": weights[f"critic:{n}"] for n in critics})
     return {
         "critic_start": critic_start,
-        "critic_bytes": {n: local_nbytes(c.model.parameters()) for n, c in critics.items()},
+        "critic_bytes": {} if team else {n: local_nbytes(c.model.parameters()) for n, c in critics.items()},
         "critic_optimizer_bytes": {n: local_nbytes(t for state in o.state.values() for t in state.values() if t.dim() > 0)
                                    for n, o in getattr(trainer, "critic_optimizers", {}).items()},
         "world_size": trainer.dist.world_size,
@@ -255,15 +257,20 @@ def assert_trained_alike(sharded, single, start, atol=1e-6):
     assert close >= 0.9995 * total, f"{total - close} of {total} weights differ beyond fp32 rounding"
 
 
-def assert_iac_trained_alike(ranks, single, start, saved=None):
+def assert_iac_trained_alike(ranks, single, start, saved=None, team=False):
     """IAC (or MAAC) on 2 ranks, agents and separate critics sharded, took the unsharded run's
     steps: the actors' and the critics' gradients and weights (critic weights under the keys
-    ``critic:<name>``, their value heads as ``head.*``); half the bytes per rank."""
+    ``critic:<name>``, their value heads as ``head.*``); half the bytes per rank. ``team``: a
+    LoRA team with value adapters, whole on every rank beside the team's half base."""
     for name, weights in single["critic_start"].items():
         start = {**start, **weights}
     assert_trained_alike(ranks[0], single, start, atol=1e-4)  # (gathered to rank 0)
     for rank in ranks:
         assert rank["steps"] == single["steps"] == 2
+        if team:
+            assert 0.45 * single["base_bytes"] <= rank["base_bytes"] <= 0.6 * single["base_bytes"]
+            assert rank["critic_optimizer_bytes"] == single["critic_optimizer_bytes"] and all(single["critic_optimizer_bytes"].values())
+            continue
         for what in ("param_bytes", "optimizer_bytes", "critic_bytes", "critic_optimizer_bytes"):
             for name, whole in single[what].items():
                 assert 0.45 * whole <= rank[what][name] <= 0.6 * whole, (what, name, rank[what][name], whole)
@@ -458,16 +465,18 @@ run({model_dir!r}, output_dir={run_dir!r}, max_steps=1, **iac)
 result["checkpoint"] = sorted(os.listdir(os.path.join({run_dir!r}, "checkpoint-1")))
 result["iac_resumed"] = run({model_dir!r}, output_dir={run_dir!r}, resume=True, **iac)
 result["maac"] = run({model_dir!r}, learner="maac", fsdp=True, items_per_step=1, rollout_buffer_size=1)
+result["team_iac"] = run({model_dir!r}, learner="iac", team=True, fsdp=True, items_per_step=1, rollout_buffer_size=1)
 torch.save(result, os.path.join({out!r}, f"rank{{os.environ['RANK']}}.pt"))
 sys.stdout.flush(); sys.stderr.flush()
 os._exit(0)
 """
 
 
-def test_sharded_critics_resume_exactly_and_maac_trains_like_one_process(tmp_path, model_dir):
+def test_sharded_critics_resume_exactly_and_maac_and_a_team_train_like_one_process(tmp_path, model_dir):
     """IAC stopped after one step and resumed from its checkpoint (critics' shards, heads and
     optimizer states through ``torch.distributed.checkpoint``) equals the uninterrupted run;
-    MAAC's one central critic, sharded, trains like one unsharded process."""
+    MAAC's one central critic, sharded, and IAC on a LoRA team (value adapters on the sharded
+    base) train like one unsharded process."""
     out = tmp_path / "ranks"
     out.mkdir()
     script = tmp_path / "rank.py"
@@ -488,6 +497,11 @@ def test_sharded_critics_resume_exactly_and_maac_trains_like_one_process(tmp_pat
             assert torch.equal(resumed["weights"][key][name], value), (key, name)
     start = CausalLMPolicy.from_pretrained(model_dir).model.state_dict()
     assert_iac_trained_alike([r["maac"] for r in ranks], run(model_dir, learner="maac"), start)
+    # IAC on a LoRA team: the critics are value adapters on the team's sharded base.
+    adapters = {}
+    for policy in lora_team(model_dir).policies.values():
+        adapters.update(policy.state_dict())
+    assert_iac_trained_alike([r["team_iac"] for r in ranks], run(model_dir, learner="iac", team=True), adapters, team=True)
 
 
 def test_fsdp_with_mp_placement_is_one_line_error():
