@@ -14,7 +14,9 @@ quiet time). A team of one thread never waits for another, so instead of making 
 - the count it wants is :func:`free_threads`: the usable CPUs minus the ones others take (a CPU
   counts as taken from :data:`TAKEN_AT` of one), at least 1, at most the count it started with;
 - a new count must come out of two checks in a row before it is set (one noisy interval changes
-  nothing). Two spinning threads beside one busy process still leave it ~0.67 of a CPU, so it is
+  nothing), except at the first check, made when the first trainer starts, against a reading
+  taken when this module was imported (before the models loaded): its count is set at once, so a
+  run beside busy processes does not start with seconds of spinning. Two spinning threads beside one busy process still leave it ~0.67 of a CPU, so it is
   seen; at one thread it gets a whole CPU and the count stays 1; when it ends the count goes back.
 
 :func:`llm_marl.cpu.configure_threads` starts one for a trainer unless the count is fixed (the
@@ -86,6 +88,8 @@ class ThreadGovernor:
 
     ``ceiling``: the most threads (the count torch had); ``cpus``: the CPUs this process may use.
     ``read`` and ``clock`` default to :func:`read_ticks` and :func:`time.monotonic` (tests fake them).
+    ``baseline``: an earlier ``(clock, reading)``; at least :attr:`interval` old, the first check
+    is made against it at once, and its count set at once.
     ``active`` is False once it has stopped governing (``/proc`` unreadable, or something else
     changed torch's count)."""
 
@@ -97,6 +101,7 @@ class ThreadGovernor:
         interval: float = INTERVAL,
         read: Callable[[Sequence[int]], Reading | None] | None = None,
         clock: Callable[[], float] | None = None,
+        baseline: tuple[float, Reading] | None = None,
     ) -> None:
         self.ceiling, self.cpus, self.interval = ceiling, list(cpus), interval
         self._read = read or read_ticks
@@ -110,9 +115,13 @@ class ThreadGovernor:
         """The latest changes: (clock, new count, others)."""
         self._pending: int | None = None
         self._owner = threading.get_ident()  # torch's count is per OpenMP thread: only this one's
-        self._since = self._clock()
-        self._last = self._read(self.cpus)
-        self.active = self._last is not None and ceiling > 1
+        now, reading = self._clock(), self._read(self.cpus)
+        self._since, self._last = now, reading
+        self.active = reading is not None and ceiling > 1
+        if self.active and baseline is not None and now - baseline[0] >= interval:
+            # an earlier reading (the process's first): check against it now, and act at once
+            self._since, self._last = baseline
+            self._check(now, reading, at_once=True)
 
     def tick(self) -> int:
         """Check, if :attr:`interval` has passed since the last check, and change the count if two
@@ -122,8 +131,7 @@ class ThreadGovernor:
         if not self.active or threading.get_ident() != self._owner:
             return self.threads
         now = self._clock()
-        elapsed = now - self._since
-        if elapsed < self.interval:
+        if now - self._since < self.interval:
             return self.threads
         import torch
 
@@ -131,20 +139,43 @@ class ThreadGovernor:
         if reading is None or torch.get_num_threads() != self.threads:
             self.active = False  # /proc went away, or the count is someone else's now
             return self.threads
+        self._check(now, reading)
+        return self.threads
+
+    def _check(self, now: float, reading: Reading, at_once: bool = False) -> None:
+        import torch
+
         busy, own = (new - old for new, old in zip(reading, self._last))
+        elapsed = now - self._since
         self._last, self._since = reading, now
         self.others = max(0.0, (busy - own) / self._hz / elapsed)
         wanted = free_threads(len(self.cpus), self.others, self.ceiling)
         if wanted == self.threads:
             self._pending = None
-        elif wanted == self._pending:
+        elif at_once or wanted == self._pending:
             torch.set_num_threads(wanted)
             self.threads, self._pending = wanted, None
             self.changes.append((now, wanted, self.others))
         else:
             self._pending = wanted
-        return self.threads
 
+
+def _usable_cpus() -> list[int]:
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return []
+
+
+def _first_reading() -> tuple[float, list[int], Reading] | None:
+    cpus = _usable_cpus()
+    reading = read_ticks(cpus) if cpus else None
+    return None if reading is None else (monotonic(), cpus, reading)
+
+
+_FIRST = _first_reading()
+"""(clock, CPUs, reading) when this module was imported (before any model loaded): the first
+governor's first check measures against it, so that it can act at once."""
 
 _GOVERNOR: ThreadGovernor | None = None
 _HOOKED: list[bool] = []
@@ -154,8 +185,10 @@ def start(ceiling: int, cpus: Sequence[int]) -> ThreadGovernor | None:
     """Govern torch's count from now on (replacing any governor), checking at every :func:`tick`
     and every optimizer step (a global post-step hook); None where it cannot (one thread, or /proc
     unreadable: the count stays as it is)."""
-    global _GOVERNOR
-    governor = ThreadGovernor(ceiling, cpus)
+    global _GOVERNOR, _FIRST
+    first, _FIRST = _FIRST, None
+    baseline = (first[0], first[2]) if first is not None and first[1] == list(cpus) else None
+    governor = ThreadGovernor(ceiling, cpus, baseline=baseline)
     _GOVERNOR = governor if governor.active else None
     if _GOVERNOR is not None and not _HOOKED:
         from torch.optim.optimizer import register_optimizer_step_post_hook

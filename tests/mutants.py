@@ -720,9 +720,16 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "the thread governor changes the count on one check (no hysteresis)",
         "llm_marl/threads.py",
-        "        elif wanted == self._pending:",
+        "        elif at_once or wanted == self._pending:",
         "        elif True:",
         ("tests/test_threads.py::test_one_noisy_interval_changes_nothing",),
+    ),
+    Mutant(
+        "the thread governor's first check, against the import-time reading, waits for a second one",
+        "llm_marl/threads.py",
+        "        elif at_once or wanted == self._pending:",
+        "        elif wanted == self._pending:",
+        ("tests/test_threads.py::test_the_first_check_against_a_reading_from_before_the_models_loaded_acts_at_once",),
     ),
     Mutant(
         "the thread governor counts this process's own CPU time as other work's",

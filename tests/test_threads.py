@@ -144,6 +144,21 @@ def test_between_checks_a_tick_reads_nothing(two_threads):
     assert fake.reads == 2 and governor.others == pytest.approx(1.0, abs=0.02)
 
 
+def test_the_first_check_against_a_reading_from_before_the_models_loaded_acts_at_once(monkeypatch, two_threads):
+    fake = FakeProc(others=0.67, own=1.0)
+    monkeypatch.setattr(threads, "read_ticks", fake.read)
+    monkeypatch.setattr(threads, "monotonic", fake.clock)
+    monkeypatch.setattr(threads, "_FIRST", (fake.clock(), [0, 1], fake.read([0, 1])))  # 1 s before the start
+    governor = threads.start(2, [0, 1])
+    assert governor.threads == 1 and torch.get_num_threads() == 1 and governor.others == pytest.approx(0.67, abs=0.01)
+    assert threads._FIRST is None  # used once: a later governor's first check would span the whole run
+    torch.set_num_threads(2)
+    recent = FakeProc(others=0.67, own=1.0, step=0.5)  # half a second old: too short an interval to act on
+    governor = threads.ThreadGovernor(2, [0, 1], read=recent.read, clock=recent.clock,
+                                      baseline=(recent.clock(), recent.read([0, 1])))
+    assert governor.threads == 2 and governor.others is None and torch.get_num_threads() == 2
+
+
 def test_a_tick_from_another_thread_does_nothing(two_threads):
     fake = FakeProc(others=1.0)
     governor = threads.ThreadGovernor(2, [0, 1], read=fake.read, clock=fake.clock)
@@ -200,6 +215,7 @@ def machine(monkeypatch, two_threads):
     the clock (other work using ``others`` CPUs, this process one); returns the FakeProc."""
     monkeypatch.setattr(cpu, "_affinity", lambda: {0, 1})
     monkeypatch.setattr(cpu, "default_counts", lambda: {2})
+    monkeypatch.setattr(threads, "_FIRST", None)  # the import-time reading was taken from the real /proc
     for name in cpu.COUNT_VARIABLES:
         monkeypatch.delenv(name, raising=False)
 
