@@ -16,8 +16,9 @@ quiet time). A team of one thread never waits for another, so instead of making 
 - a new count must come out of two checks in a row before it is set (one noisy interval changes
   nothing), except at the first check, made when the first trainer starts, against a reading
   taken when this module was imported (before the models loaded): its count is set at once, so a
-  run beside busy processes does not start with seconds of spinning. Two spinning threads beside one busy process still leave it ~0.67 of a CPU, so it is
-  seen; at one thread it gets a whole CPU and the count stays 1; when it ends the count goes back.
+  run beside busy processes does not start with seconds of spinning. Two spinning threads beside
+  one busy process still leave it ~0.67 of a CPU, so it is seen; at one thread it gets a whole CPU
+  and the count stays 1; when it ends the count goes back.
 
 :func:`llm_marl.cpu.configure_threads` starts one for a trainer unless the count is fixed (the
 trainer's ``num_threads``, ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` in the environment — torchrun
