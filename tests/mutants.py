@@ -914,6 +914,13 @@ MUTANTS: list[Mutant] = [
         "MixedPrecisionPolicy() if mixed",
         ("tests/test_fsdp.py::test_two_sharded_ranks_train_like_one_unsharded_process",),
     ),
+    Mutant(
+        "fsdp: a value head on an agent's own sharded model left out of the agent's checkpoint shards",
+        "llm_marl/runs/fsdp.py",
+        "            owner.checkpointed = torch.nn.ModuleDict({\"model\": owner.model, \"head\": critic.head})",
+        "            pass",
+        ("tests/test_fsdp.py::test_sharded_critics_resume_exactly_and_maac_and_a_team_train_like_one_process",),
+    ),
 ]
 
 def run_one(mutant: Mutant, timeout: float) -> tuple[str, str, float]:

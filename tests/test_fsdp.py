@@ -20,7 +20,21 @@ same run in one process, unsharded, is the reference:
 * stopping after one step and resuming from the sharded checkpoint (``torch.distributed.checkpoint``)
   gives the uninterrupted run's weights;
 * ``save_model`` writes one consolidated Hugging Face folder per agent, which reloads to the
-  trained weights.
+  trained weights;
+* ``mixed_precision=True`` trains with bf16 gathered weights and fp32 shards, gradients and AdamW
+  state;
+* IAC with separate critics (each a copy of its agent's model, sharded, its value head whole):
+  actors' and critics' gradients and weights equal the unsharded run's, half the bytes per rank,
+  and ``save_model`` writes each critic consolidated;
+* a LoRA team (its frozen base sharded, its adapters whole on every rank): the adapters'
+  gradients and weights equal the unsharded run's, the sampler is the trained policy, the base's
+  bytes per rank are half, the base stays frozen, stop/resume is exact and ``save_model`` writes
+  peft adapters that reload.
+
+A second launch (``test_sharded_critics_...``): IAC stopped after one step and resumed from its
+checkpoint (critics' shards, heads and optimizer states) equals the uninterrupted run; MAAC's
+central critic and IAC on a LoRA team (value adapters on the sharded base) train like one
+unsharded process.
 
 The one-line errors (``fsdp`` with "mp", with tabular policies, without a process group) need
 no launch.
@@ -138,9 +152,10 @@ def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, 
     if learner == "madpo":  # the joint DPO loss over both agents, against sharded references
         args = MADPOConfig(preference_num_candidates=3, preference_pairs_per_sample=2, **common)
         trainer = MADPOTrainer(env=DialogueEnv(task), policies=policies, args=args)
-    elif learner in ("iac", "maac"):  # separate critics (copies of the agents' models), sharded too
-        config, kind = (IACConfig, IACTrainer) if learner == "iac" else (MAACConfig, MAACTrainer)
-        args = config(num_generations=2, critic_learning_rate=1e-2, value_clip_range=None, advantage_normalization=False, **common)  # whitening is per rank
+    elif learner in ("iac", "maac", "iac_shared"):  # separate critics (copies of the agents' models), sharded too
+        config, kind = (MAACConfig, MAACTrainer) if learner == "maac" else (IACConfig, IACTrainer)
+        args = config(num_generations=2, critic_learning_rate=1e-2, value_clip_range=None, advantage_normalization=False,  # whitening is per rank
+                      use_separate_critic=learner != "iac_shared", **common)
         trainer = kind(env=DialogueEnv(task), policies=policies, args=args)
     else:
         args = MAGRPOConfig(num_generations=3, reference_kl_enabled=reference, reference_kl_coef=0.5, **common)
@@ -148,9 +163,11 @@ def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, 
     probes, grad_bytes, grads = [], {}, {a: [] for a in trainer.agents}
     critics = getattr(trainer, "critics", {})
     optimizers = {**trainer.optimizers, **{f"critic:{n}": o for n, o in getattr(trainer, "critic_optimizers", {}).items()}}
-    grads.update({f"critic:{n}": [] for n in critics})
+    grads.update({f"critic:{n}": [] for n in getattr(trainer, "critic_optimizers", {})})
 
     def critic_weights(name, critic):
+        if getattr(critic, "shared", False):  # a head on the agent's own model
+            return {f"head.{n}": p.detach().clone() for n, p in critic.head.named_parameters()}
         if team:  # a value adapter on the team's base, and a head: whole on every rank
             return {n: p.detach().clone() for n, p in critic.named_parameters()}
         shard = getattr(trainer, "sharded_critics", {}).get(name)
@@ -210,7 +227,7 @@ def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, 
     gathered.update({f"critic:{n}": weights[f"critic:{n}"] for n in critics})
     return {
         "critic_start": critic_start,
-        "critic_bytes": {} if team else {n: local_nbytes(c.model.parameters()) for n, c in critics.items()},
+        "critic_bytes": {} if team or learner == "iac_shared" else {n: local_nbytes(c.model.parameters()) for n, c in critics.items()},
         "critic_optimizer_bytes": {n: local_nbytes(t for state in o.state.values() for t in state.values() if t.dim() > 0)
                                    for n, o in getattr(trainer, "critic_optimizers", {}).items()},
         "world_size": trainer.dist.world_size,
@@ -466,6 +483,10 @@ result["checkpoint"] = sorted(os.listdir(os.path.join({run_dir!r}, "checkpoint-1
 result["iac_resumed"] = run({model_dir!r}, output_dir={run_dir!r}, resume=True, **iac)
 result["maac"] = run({model_dir!r}, learner="maac", fsdp=True, items_per_step=1, rollout_buffer_size=1)
 result["team_iac"] = run({model_dir!r}, learner="iac", team=True, fsdp=True, items_per_step=1, rollout_buffer_size=1)
+shared = dict(learner="iac_shared", fsdp=True, items_per_step=1, rollout_buffer_size=1)  # value heads on the agents' own models
+result["shared"] = run({model_dir!r}, **shared)
+run({model_dir!r}, output_dir={shared_dir!r}, max_steps=1, **shared)
+result["shared_resumed"] = run({model_dir!r}, output_dir={shared_dir!r}, resume=True, **shared)
 torch.save(result, os.path.join({out!r}, f"rank{{os.environ['RANK']}}.pt"))
 sys.stdout.flush(); sys.stderr.flush()
 os._exit(0)
@@ -480,7 +501,7 @@ def test_sharded_critics_resume_exactly_and_maac_and_a_team_train_like_one_proce
     out = tmp_path / "ranks"
     out.mkdir()
     script = tmp_path / "rank.py"
-    script.write_text(CRITIC_SCRIPT.format(tests=TESTS, model_dir=model_dir, out=str(out), run_dir=str(tmp_path / "run")))
+    script.write_text(CRITIC_SCRIPT.format(tests=TESTS, model_dir=model_dir, out=str(out), run_dir=str(tmp_path / "run"), shared_dir=str(tmp_path / "shared")))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()), str(script)],
@@ -488,14 +509,16 @@ def test_sharded_critics_resume_exactly_and_maac_and_a_team_train_like_one_proce
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
-    uninterrupted, resumed = ranks[0]["iac"], ranks[0]["iac_resumed"]
     assert {"critic_0_shards", "critic_1_shards"} <= set(ranks[0]["checkpoint"])
-    assert resumed["steps"] == 2 and len(resumed["probes"]) == 1  # it rolled out batch 2 only
-    assert resumed["weights"].keys() == uninterrupted["weights"].keys() and len(resumed["weights"]) == 4  # 2 agents, 2 critics
-    for key, weights in uninterrupted["weights"].items():
-        for name, value in weights.items():
-            assert torch.equal(resumed["weights"][key][name], value), (key, name)
+    for uninterrupted, resumed in ((ranks[0]["iac"], ranks[0]["iac_resumed"]), (ranks[0]["shared"], ranks[0]["shared_resumed"])):
+        assert resumed["steps"] == 2 and len(resumed["probes"]) == 1  # it rolled out batch 2 only
+        assert resumed["weights"].keys() == uninterrupted["weights"].keys() and len(resumed["weights"]) == 4  # 2 agents, 2 critics
+        for key, weights in uninterrupted["weights"].items():
+            for name, value in weights.items():
+                assert torch.equal(resumed["weights"][key][name], value), (key, name)
     start = CausalLMPolicy.from_pretrained(model_dir).model.state_dict()
+    # use_separate_critic=False: each value head on its agent's sharded model, trained in the agent's step.
+    assert_iac_trained_alike([r["shared"] for r in ranks], run(model_dir, learner="iac_shared"), start)
     assert_iac_trained_alike([r["maac"] for r in ranks], run(model_dir, learner="maac"), start)
     # IAC on a LoRA team: the critics are value adapters on the team's sharded base.
     adapters = {}

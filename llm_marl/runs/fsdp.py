@@ -21,6 +21,16 @@ never depend on what a rank's own items look like:
   (:func:`save_shards` / :func:`load_shards`); ``save_model`` gathers the consolidated weights to
   rank 0 (:func:`save_consolidated`).
 
+What each agent carries is sharded the same way: its reference model (a frozen copy made before
+sharding) and, for the actor-critic learners, a separate critic's model (:func:`shard_critics`;
+the critics are built before the agents are sharded, and a critic's value head stays whole on
+every rank). A LoRA team (:func:`shard_team`) shards its one frozen base; its adapters (and a
+critic's value adapter) stay whole on every rank, trained as in data parallelism (gradients
+summed over the ranks): its :class:`ShardedModel` is ``frozen`` (:meth:`ShardedModel.reduce`
+only reshards) and its agents' checkpoints and ``save_model`` folders are the adapters, as
+without fsdp. ``mixed_precision=True``: FSDP2's ``MixedPrecisionPolicy`` with bf16 gathered
+weights (forward and backward) and fp32 gradient reduction into the fp32 shards.
+
 Gradients are summed over ranks (``set_gradient_divide_factor(1.0)`` with sum-only reductions, which
 gloo needs). Tested on CPU with gloo (tests/test_fsdp.py); CUDA with NCCL is the same code path
 (``init_device_mesh("cuda")``) but untested here.
@@ -78,11 +88,12 @@ def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
 
 
 def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
-    """``fsdp=True``: shard every agent's model per decoder layer across the torchrun ranks, after
-    giving every rank rank 0's weights; a one-line error for what is not sharded (yet)."""
+    """``fsdp=True``: shard every agent's model (a LoRA team: its base, once) per decoder layer
+    across the torchrun ranks, after giving every rank rank 0's weights, then their references and
+    critics; a one-line error for what is not sharded (yet)."""
     name = type(trainer).__name__
     if not trainer._fsdp_supported:
-        raise ValueError(f"fsdp=True is not supported by {name} yet (supported: MAGRPO, MAREINFORCE, MARLOO, MAReMax, MADPO); train without fsdp")
+        raise ValueError(f"fsdp=True is not supported by {name} yet (supported: MAGRPO, MAREINFORCE, MARLOO, MAReMax, MADPO, IAC, MAAC); train without fsdp")
     if trainer.args.reference_kl_enabled and trainer.args.reference_devices is not None:
         raise ValueError("fsdp=True shards each reference model across the ranks; reference_devices does not apply (leave it None)")
     world, shard = trainer.dist.world_size, trainer.args.fsdp_shard_size or trainer.dist.world_size
@@ -135,6 +146,10 @@ def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
         trainer.dist.broadcast_parameters(reference.model.parameters())
         trainer.sharded_references[agent] = shard_model(reference.model, mesh, f"agent {agent!r}'s reference model", mixed=mixed)
     trainer.sharded_critics = shard_critics(trainer, mesh, device_type, teams, mixed)
+    for critic in (getattr(trainer, "critics", None) or {}).values():  # a head on an agent's own model: saved with it
+        owner = next((m for m in sharded.values() if getattr(critic, "shared", False) and m.model is getattr(critic, "model", None)), None)
+        if owner is not None:
+            owner.checkpointed = torch.nn.ModuleDict({"model": owner.model, "head": critic.head})
     return sharded
 
 
