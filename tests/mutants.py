@@ -921,6 +921,13 @@ MUTANTS: list[Mutant] = [
         "            pass",
         ("tests/test_fsdp.py::test_sharded_critics_resume_exactly_and_maac_and_a_team_train_like_one_process",),
     ),
+    Mutant(
+        "fsdp: fsdp_gather=\"layer\" ignored (whole models gathered to sample)",
+        "llm_marl/runs/fsdp.py",
+        "    if models and getattr(trainer.args, \"fsdp_gather\", \"model\") == \"layer\":",
+        "    if models and getattr(trainer.args, \"fsdp_gather\", \"model\") == \"lay\":",
+        ("tests/test_fsdp.py::test_two_sharded_ranks_train_like_one_unsharded_process",),
+    ),
 ]
 
 def run_one(mutant: Mutant, timeout: float) -> tuple[str, str, float]:

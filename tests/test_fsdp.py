@@ -78,11 +78,15 @@ run({model_dir!r}, fsdp=True, items_per_step=1, rollout_buffer_size=1, output_di
 result["checkpoint"] = sorted(os.listdir(os.path.join({run_dir!r}, "checkpoint-1", "agent_0", "shards")))
 result["resumed"] = run({model_dir!r}, fsdp=True, items_per_step=1, rollout_buffer_size=1, output_dir={run_dir!r}, resume=True)
 result["madpo"] = run({model_dir!r}, learner="madpo", fsdp=True, items_per_step=1, rollout_buffer_size=1)
+# fsdp_gather="layer": one layer gathered per forward; 3 items, so rank 1 has none in batch 2
+result["layer"] = run({model_dir!r}, fsdp=True, gather="layer", items=3, items_per_step=1, rollout_buffer_size=1)
+result["layer_model"] = run({model_dir!r}, fsdp=True, items=3, items_per_step=1, rollout_buffer_size=1)
 result["bf16"] = run({model_dir!r}, fsdp=True, mixed_precision=True, items_per_step=1, rollout_buffer_size=1)
 result["iac"] = run({model_dir!r}, learner="iac", fsdp=True, items_per_step=1, rollout_buffer_size=1, save_to={iac_saved!r})
 # a LoRA team: its base sharded, its adapters whole on every rank; stopped after one step and resumed
 team = dict(team=True, fsdp=True, items_per_step=1, rollout_buffer_size=1)
 result["team"] = run({model_dir!r}, save_to={team_saved!r}, **team)
+result["team_layer"] = run({model_dir!r}, gather="layer", **team)
 run({model_dir!r}, output_dir={team_dir!r}, max_steps=1, **team)
 result["team_resumed"] = run({model_dir!r}, output_dir={team_dir!r}, resume=True, **team)
 rank = int(os.environ["RANK"])
@@ -127,7 +131,7 @@ def lora_team(model_dir, **settings):
     return team
 
 
-def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, mixed_precision=False, shard_size=None, items=4, items_per_step=2, rollout_buffer_size=2, save_to=None, output_dir=None, max_steps=None, resume=None):
+def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, mixed_precision=False, gather="model", shard_size=None, items=4, items_per_step=2, rollout_buffer_size=2, save_to=None, output_dir=None, max_steps=None, resume=None):
     """Train 2 LM agents for 2 batches; returns weights, probe log-probs and measured bytes."""
     task = FunctionTask(length_reward, lambda item: item["prompt"], dataset=[{"prompt": PROMPTS[i % len(PROMPTS)]} for i in range(items)], num_agents=2, num_turns=1)
     settings = dict(max_new_tokens=6, temperature=1.0, top_p=None, top_k=None)
@@ -146,7 +150,7 @@ def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, 
         num_agents=2, num_turns=1, num_train_epochs=1, max_new_tokens=6, temperature=1.0, top_p=1.0,
         top_k=None, items_per_step=items_per_step, rollout_buffer_size=rollout_buffer_size, eval_interval=0,
         logging_steps=1, progress_bar=False, early_termination_threshold=None, agent_learning_rate=1e-2,
-        max_grad_norm=1.0, seed=5, fsdp=fsdp, mixed_precision=mixed_precision, fsdp_shard_size=shard_size, save_final_checkpoint=output_dir is not None, output_dir=output_dir,
+        max_grad_norm=1.0, seed=5, fsdp=fsdp, mixed_precision=mixed_precision, fsdp_gather=gather, fsdp_shard_size=shard_size, save_final_checkpoint=output_dir is not None, output_dir=output_dir,
         max_steps=max_steps,
     )
     if learner == "madpo":  # the joint DPO loss over both agents, against sharded references
@@ -160,7 +164,7 @@ def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, 
     else:
         args = MAGRPOConfig(num_generations=3, reference_kl_enabled=reference, reference_kl_coef=0.5, **common)
         trainer = MAGRPOTrainer(env=DialogueEnv(task), policies=policies, args=args)
-    probes, grad_bytes, grads = [], {}, {a: [] for a in trainer.agents}
+    probes, answers, grad_bytes, grads = [], [], {}, {a: [] for a in trainer.agents}
     critics = getattr(trainer, "critics", {})
     optimizers = {**trainer.optimizers, **{f"critic:{n}": o for n, o in getattr(trainer, "critic_optimizers", {}).items()}}
     grads.update({f"critic:{n}": [] for n in getattr(trainer, "critic_optimizers", {})})
@@ -183,7 +187,9 @@ def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, 
         # inside the rollout's gathered window: what the sampler runs on right now
         with torch.no_grad():
             probes.append([trainer.policies[a].log_probs([PROBE[0]], [Completion(PROBE[1])]).item() for a in trainer.agents])
-        return collect(indices)
+        roots, samples, elapsed = collect(indices)
+        answers.append([c.token_ids for s in samples for c in s.completions])
+        return roots, samples, elapsed
 
     trainer._collect = probed_collect
     grads_of = grads
@@ -235,6 +241,7 @@ def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, 
         "weights": weights,
         "gathered": gathered,
         "probes": probes,
+        "answers": answers,
         "base_bytes": base_bytes,
         "param_bytes": {a: local_nbytes(trainer.policies[a].parameters() if team else trainer.policies[a].model.parameters()) for a in trainer.agents},
         "reference_bytes": {} if team else {a: local_nbytes(r.model.parameters()) for a, r in (trainer.reference_policies or {}).items()},
@@ -398,6 +405,18 @@ def test_two_sharded_ranks_train_like_one_unsharded_process(tmp_path, model_dir)
     for what in ("param_bytes", "grad_bytes", "optimizer_bytes", "reference_bytes"):
         for agent, whole in single_dpo[what].items():
             assert 0.45 * whole <= dpo[what][agent] <= 0.6 * whole, (what, agent, dpo[what][agent], whole)
+
+    # fsdp_gather="layer" samples exactly what gathering whole models samples and trains alike,
+    # also where one rank has no item (it runs dummy passes while the other decodes) and for a
+    # LoRA team; it never gathers a whole model to sample (2 gathers: the 2 update steps).
+    for rank in ranks:
+        for layer, whole in ((rank["layer"], rank["layer_model"]), (rank["team_layer"], rank["team"])):
+            assert layer["answers"] == whole["answers"] and layer["probes"] == whole["probes"]
+            assert all(torch.equal(g, e) for a in whole["grads"] for gs, es in zip(layer["grads"][a], whole["grads"][a]) for g, e in zip(gs, es))
+        assert [len(a) for a in rank["layer"]["answers"]] == ([6, 6] if rank is ranks[0] else [6, 0])
+        assert rank["layer"]["gathers"] == {a: 2 for a in single["weights"]}
+    for agent, weights in ranks[0]["layer_model"]["weights"].items():
+        assert all(torch.equal(ranks[0]["layer"]["weights"][agent][n], v) for n, v in weights.items()), agent
 
     # mixed_precision: the gathered weights are bf16 copies, the shards, gradients and AdamW
     # state stay fp32 (half the unsharded fp32 bytes per rank); training moved the weights.

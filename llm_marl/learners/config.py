@@ -98,6 +98,8 @@ class MAGRPOConfig:
     """Under torchrun: shard each full-model agent per decoder layer across the ranks (FSDP2), with its gradients and AdamW state (docs/scaling.md)."""
     fsdp_shard_size: int | None = None
     """With fsdp: ranks per sharding group (shard within, replicate across, a 2-D mesh); None: all ranks shard."""
+    fsdp_gather: str = "model"
+    """With fsdp, how sampling reads the sharded weights: "model" gathers each model whole once per rollout; "layer" one layer per forward pass (the ranks' passes kept in step)."""
     mixed_precision: bool = False
     """With fsdp: forward and backward on bfloat16 copies of the gathered weights, gradients reduced in float32 into the float32 shards (FSDP2's MixedPrecisionPolicy; for GPUs)."""
 
@@ -246,6 +248,7 @@ class MAGRPOConfig:
             raise ValueError('fsdp=True shards each agent across torchrun ranks; parallel_training="mp" places whole agents on devices: choose one')
         if self.fsdp_shard_size is not None:
             _at_least(self, "fsdp_shard_size", 1)
+        _one_of(self, "fsdp_gather", ("model", "layer"))
         if self.mixed_precision and not self.fsdp:
             raise ValueError("mixed_precision=True is FSDP2's bf16 compute with fp32 reduction: it needs fsdp=True (without fsdp, load the model in bf16 or set sample_dtype)")
         if self.parallel_training == "mp" and not self.agent_devices:

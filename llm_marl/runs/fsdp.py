@@ -9,7 +9,9 @@ never depend on what a rank's own items look like:
 - **Sampling** (:meth:`ShardedModel.gathered`, once per batch's rollout and per evaluation): every
   layer is all-gathered once (``unshard()``), the decode loop runs on the full weights as many
   forward passes as this rank's trees need, then the layers are resharded. Peak: the full weights
-  of every sharded agent, once, on top of the shards.
+  of every sharded agent, once, on top of the shards. ``fsdp_gather="layer"``: the models stay
+  sharded, each forward gathers one layer at a time, and a :class:`Lockstep` keeps the ranks'
+  passes in step.
 - **Scoring and the update** (:meth:`ShardedModel.accumulating` then :meth:`ShardedModel.reduce`):
   the weights are gathered once per optimizer step, this rank's chunks are scored and
   back-propagated locally (any number of forward/backward passes, gradient checkpointing and
@@ -38,6 +40,7 @@ gloo needs). Tested on CPU with gloo (tests/test_fsdp.py); CUDA with NCCL is the
 
 from __future__ import annotations
 
+import contextlib
 from contextlib import ExitStack, contextmanager
 from typing import Any, Iterable, Iterator
 
@@ -176,12 +179,79 @@ def shard_critics(trainer: Any, mesh: Any, device_type: str, teams: dict[int, "S
 
 def gathered(trainer: Any) -> ExitStack:
     """A context in which every sharded model of ``trainer`` (agents, their references, critics)
-    holds its full weights; every rank enters it. Empty without fsdp."""
+    holds its full weights; every rank enters it. Empty without fsdp. ``fsdp_gather="layer"``:
+    the weights stay sharded and each forward gathers one layer at a time, the ranks' forwards
+    kept in step by a :class:`Lockstep`."""
     stack = ExitStack()
     models = [*trainer.sharded.values(), *getattr(trainer, "sharded_references", {}).values(), *getattr(trainer, "sharded_critics", {}).values()]
-    for model in {id(m): m for m in models}.values():  # a team's agents share one base
+    models = list({id(m): m for m in models}.values())  # a team's agents share one base
+    if models and getattr(trainer.args, "fsdp_gather", "model") == "layer":
+        lockstep = trainer.__dict__.get("_lockstep")
+        if lockstep is None:
+            lockstep = trainer.__dict__["_lockstep"] = Lockstep(models)
+        stack.enter_context(lockstep.window())
+        return stack
+    for model in models:
         stack.enter_context(model.gathered())
     return stack
+
+
+class Lockstep:
+    """``fsdp_gather="layer"``: inside :meth:`window` the models stay sharded and every forward
+    pass gathers one layer at a time, a collective every rank must join. The ranks' rollouts make
+    different numbers of passes through different models, so every pass goes in rounds: each rank
+    announces the model it is about to run (or that it is done: -1), all run the lowest
+    announced model (the announcers for real, the others a dummy one-token pass), and the rounds
+    go on until every rank is done. Peak: one layer's full weights (per model) besides the shards."""
+
+    def __init__(self, models: list["ShardedModel"]) -> None:
+        self.models = models
+        self.active = False
+        self.serving = False
+        for index, model in enumerate(models):
+            model.model.register_forward_pre_hook(self._hook(index), prepend=True)  # before FSDP's own gathers
+
+    def _hook(self, index: int) -> Any:
+        def pre_forward(module: Any, args: Any) -> None:
+            if self.active and not self.serving:
+                self._serve(index)
+
+        return pre_forward
+
+    def _round(self, wanted: int) -> int:
+        import torch.distributed as dist
+
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        mine = torch.tensor([wanted], dtype=torch.long, device=device)
+        every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+        dist.all_gather(every, mine)
+        asked = [int(t.item()) for t in every if int(t.item()) >= 0]
+        return min(asked) if asked else -1
+
+    def _serve(self, wanted: int) -> None:
+        """Rounds until one runs ``wanted`` (then this rank's own pass proceeds); -1: until all are done."""
+        self.serving = True
+        try:
+            while True:
+                chosen = self._round(wanted)
+                if chosen < 0 or chosen == wanted:
+                    return
+                self.models[chosen].dummy_forward()
+        finally:
+            self.serving = False
+
+    @contextmanager
+    def window(self) -> Iterator[None]:
+        for model in self.models:
+            model.layered()
+        self.active = True
+        try:
+            yield
+        finally:
+            self.active = False
+            self._serve(-1)  # this rank is done: serve the others' passes until every rank is
+            for model in self.models:
+                model._reshard()
 
 
 def shared_value(value: Any) -> Any:
@@ -251,7 +321,18 @@ def shard_team(team: Any, mesh: Any, mixed: bool = False) -> "ShardedModel":
     layer; the adapters (every ``lora_*`` parameter) stay whole on every rank, replicated as in
     data parallelism (their gradients are summed over the ranks like any unsharded parameter's)."""
     adapters = {p for name, p in team.model.named_parameters() if ".lora_" in name}
-    return shard_model(team.model.get_base_model(), mesh, f"team {team.name!r}'s base", ignored=adapters, frozen=True, mixed=mixed)
+    sharded = shard_model(team.model.get_base_model(), mesh, f"team {team.name!r}'s base", ignored=adapters, frozen=True, mixed=mixed)
+
+    @contextmanager
+    def unrouted() -> Iterator[None]:  # a dummy pass inside a routed team forward: plain rows
+        saved, team.runner.segments = team.runner.segments, None
+        try:
+            yield
+        finally:
+            team.runner.segments = saved
+
+    sharded.quiet = unrouted
+    return sharded
 
 
 class ShardedModel:
@@ -274,6 +355,9 @@ class ShardedModel:
                 unit.set_reduce_scatter_unused_params(True, recurse=False)  # every rank reduces every parameter
         self.gathers = 0
         """How many times the full weights were gathered (sampling windows and update steps)."""
+        self.quiet: Any = contextlib.nullcontext
+        """A context for :meth:`dummy_forward` (a LoRA team's base: no row routing)."""
+        self._buffers_made = False
 
     def _unshard(self) -> None:
         for unit in self.units:
@@ -285,6 +369,24 @@ class ShardedModel:
         for unit in self.units:
             unit.reshard()
             unit.set_reshard_after_forward(True, recurse=False)
+
+    def layered(self) -> None:
+        """Before a ``fsdp_gather="layer"`` window: each unit reshards after its forward; the first
+        time, each unit's full-weight buffer is made outside inference mode (one unit at a time)."""
+        with torch.no_grad():
+            for unit in self.units:
+                unit.set_reshard_after_forward(True, recurse=False)
+                if not self._buffers_made:
+                    unit.unshard()
+                    unit.reshard()
+        self._buffers_made = True
+
+    def dummy_forward(self) -> None:
+        """One forward pass of one token, for its collectives only (:class:`Lockstep`)."""
+        device = next(iter(self.model.parameters())).device
+        token = torch.zeros((1, 1), dtype=torch.long, device=device)
+        with torch.no_grad(), self.quiet():
+            self.model(input_ids=token, attention_mask=torch.ones_like(token), use_cache=False)
 
     @contextmanager
     def gathered(self) -> Iterator[None]:
