@@ -8,6 +8,7 @@ learning curve lives in benchmarks/lm_tiny_hanabi.py; here the tiny local GPT-2 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -15,7 +16,13 @@ pytest.importorskip("pyspiel")
 
 from llm_marl.cli import GAME_LM_RUN, build_trainer, main  # noqa: E402
 from llm_marl.envs.openspiel import OpenSpielEnv  # noqa: E402
+from llm_marl.envs import make  # noqa: E402
+from llm_marl.learners import MAGRPOConfig, MAGRPOTrainer  # noqa: E402
+from llm_marl.policies.base import Completion  # noqa: E402
+from llm_marl.policies.tabular import TabularPolicy  # noqa: E402
 from llm_marl.runs.recording import read_trees, rollout_files  # noqa: E402
+from llm_marl.viewer import build_page, write_page  # noqa: E402
+from llm_marl.viewer.chromium import Chromium, find_chromium  # noqa: E402
 
 
 def test_the_command_trains_a_language_model_team_on_tiny_hanabi_from_text_prompts(tmp_path, monkeypatch):
@@ -61,3 +68,44 @@ def test_illegal_answers_of_a_language_model_end_the_game_and_are_counted(tmp_pa
     metrics = trainer.evaluate()
     assert metrics["eval/player_0/illegal_rate"] == 1.0 and "eval/player_1/illegal_rate" not in metrics
     assert metrics["eval/turn_1/expected_return"] == 0.0
+
+
+# --- a long game: Hanabi-Small-v0 played to its end, recorded, in the viewer ----------------------------
+
+
+class SafeHanabi(TabularPolicy):
+    """Answers the first legal move in its prompt of: a discard, else a hint, else a play (so the
+    game lasts until the deck runs out: about 35 moves)."""
+
+    def sample(self, observations, num_samples, generators=None):
+        rows = []
+        for text in observations:
+            legal = re.search(r"Legal moves: (.*)\.\nAnswer", text).group(1).split(", ") if "Legal moves:" in text else [self.actions[0]]
+            move = next((m for prefix in ("(Discard", "(Reveal", "(Play") for m in legal if m.startswith(prefix)), legal[0])
+            rows.append([Completion(move)] * num_samples)
+        return rows
+
+
+def test_a_whole_hanabi_game_is_recorded_and_shown_by_the_viewer(tmp_path):
+    env = make("Hanabi-Small-v0", text=True)
+    moves = [env.game.action_to_string(0, a) for a in range(env.game.num_distinct_actions())]
+    out = tmp_path / "run"
+    args = MAGRPOConfig(num_turns=env.num_turns, eval_num_samples=1, progress_bar=False, output_dir=str(out), seed=0)
+    trainer = MAGRPOTrainer(env=env, policies=[SafeHanabi(moves), SafeHanabi(moves)], args=args, eval_env=make("Hanabi-Small-v0", text=True, split="eval"))
+    metrics = trainer.evaluate()
+    assert metrics["eval/player_0/illegal_rate"] == metrics["eval/player_1/illegal_rate"] == 0.0
+    [(_, _, path)] = rollout_files(str(out))
+    [record] = read_trees(path)
+    nodes = record["nodes"]
+    assert 30 <= len(nodes) <= env.num_turns and nodes[-1]["children"] == [None]  # a chain to the game's end
+    assert [list(n["agents"]) for n in nodes[:3]] == [["player_0"], ["player_1"], ["player_0"]]
+    prompts = [n["observations"][list(n["agents"])[0]] for n in nodes]
+    assert "Deck size: 0" in prompts[-1] and max(map(len, prompts)) < 2 * len(prompts[0])  # no history: prompts stay short
+    page = build_page(str(out))
+    assert f"[0, {len(nodes)}, " in page
+    if find_chromium() is None:
+        pytest.skip("no Chromium: the page was built; install the Debian package `chromium` to render it")
+    with Chromium.start() as browser:
+        browser.open("file://" + write_page(str(out), str(tmp_path / "viewer.html")))
+        shown = browser.evaluate("window.llmMarlViewer.ready.then(() => document.querySelectorAll('#tree .node').length)")
+        assert shown == len(nodes) and browser.console_errors == []
