@@ -401,8 +401,12 @@ def make_env(env_id: str, split: str | None = None, num_turns: int | None = None
 
 
 def limit_items(env: Any, count: int, env_id: str) -> Any:
-    """``env`` training on its first ``count`` dataset rows only."""
+    """``env`` training on its first ``count`` dataset rows only (an env without a dataset but
+    with ``num_items``, e.g. an OpenSpiel game's chance streams: its first ``count`` items)."""
     data = getattr(env, "data", None)
+    if data is None and isinstance(getattr(env, "num_items", None), int):
+        env.num_items = min(env.num_items, count)
+        return env
     if data is None:
         raise AssemblyError(f"--train-items {count}: env {env_id} has no dataset to cut (no .data)")
     if count < len(data):

@@ -792,7 +792,7 @@ def parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         group.add_argument("--learner", choices=sorted(LEARNERS), help=f"learner (default magrpo; this help shows {config_name})")
         group.add_argument("--system-prompt", "--system_prompt", dest="system_prompt", metavar="TEXT", help="for --policy lm with a chat template: a system message before each prompt")
         group.add_argument("--actions", help="comma-separated menu for --policy tabular (default: the task's menu)")
-        group.add_argument("--train-items", "--train_items", dest="train_items", type=int, metavar="N", help="train on the first N dataset rows only (N >= 1)")
+        group.add_argument("--train-items", "--train_items", dest="train_items", type=int, metavar="N", help="train on the first N dataset rows (a game: its first N deals) only (N >= 1)")
         common(p)
         if config_class is not None:
             _add_config_flags(p, config_class, learner)

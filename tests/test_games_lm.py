@@ -63,7 +63,8 @@ def test_illegal_answers_of_a_language_model_end_the_game_and_are_counted(tmp_pa
     """The real parser: the tiny model's answers name no move, so each game ends at the first move
     with the defined penalty (game E's minimum payoff, 0) and player 0's illegal rate is 1."""
     trainer = build_trainer({"env": "TinyHanabi-E-v0", "policy": "lm", "model": "tiny", "eval_num_samples": 8, "eval_batch_size": 8,
-                             "output_dir": str(tmp_path / "run"), "progress_bar": False, "seed": 0})
+                             "train_items": 3, "output_dir": str(tmp_path / "run"), "progress_bar": False, "seed": 0})
+    assert trainer.env.num_items == 3 and trainer.eval_env.num_items == 1000  # --train-items: the first 3 deals
     assert trainer.eval_env.text is True and trainer.args.max_new_tokens == 16 and trainer.args.early_termination_threshold is None
     metrics = trainer.evaluate()
     assert metrics["eval/player_0/illegal_rate"] == 1.0 and "eval/player_1/illegal_rate" not in metrics
