@@ -51,8 +51,8 @@ def test_the_command_trains_a_language_model_team_on_tiny_hanabi_from_text_promp
     [(_, _, path), *_] = [f for f in rollout_files(str(out)) if f[0] == "train"]
     nodes = read_trees(path)[0]["nodes"]
     root, second = nodes[0], nodes[1]
-    assert root["observations"]["player_0"].endswith("\nLegal moves: p0a0, p0a1, p0a2.\nAnswer with one legal move.")
-    assert second["observations"]["player_1"].endswith("\nLegal moves: p1a0, p1a1, p1a2.\nAnswer with one legal move.")
+    assert root["observations"]["player_0"].endswith("\nWhich move do you make? Choose one of: p0a0, p0a1, p0a2.")
+    assert second["observations"]["player_1"].endswith("\nWhich move do you make? Choose one of: p1a0, p1a1, p1a2.")
     assert "p0:a" in second["observations"]["player_1"]  # player 1 sees player 0's move
     assert list(root["agents"]) == ["player_0"] and list(second["agents"]) == ["player_1"]
     answers = [c for n in nodes for a in n["agents"].values() for c in a["completions"]]
@@ -81,7 +81,7 @@ class SafeHanabi(TabularPolicy):
     def sample(self, observations, num_samples, generators=None):
         rows = []
         for text in observations:
-            legal = re.search(r"Legal moves: (.*)\.\nAnswer", text).group(1).split(", ") if "Legal moves:" in text else [self.actions[0]]
+            legal = re.search(r"Choose one of: (.*)\.$", text).group(1).split(", ") if "Choose one of:" in text else [self.actions[0]]
             move = next((m for prefix in ("(Discard", "(Reveal", "(Play") for m in legal if m.startswith(prefix)), legal[0])
             rows.append([Completion(move)] * num_samples)
         return rows

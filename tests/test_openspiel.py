@@ -95,7 +95,7 @@ def test_an_illegal_or_unparsable_answer_ends_the_episode_with_the_penalty(answe
 def test_text_prompts_name_the_legal_moves_and_answers_are_parsed():
     env = make("Hanabi-Small-v0", text=True)
     obs, infos = env.reset(options={"index": 0})
-    assert "Legal moves: (Play 0), (Play 1)" in obs["player_0"] and "Wait for the other player." in obs["player_1"]
+    assert "Choose one of: (Play 0), (Play 1)" in obs["player_0"] and "Wait for the other player." in obs["player_1"]
     assert env.parse("I will play 1", 0) == env.parse("(Play 1)", 0) == env.parse("play 1", 0)
     assert env.parse("discard everything", 0) is None
 
