@@ -15,6 +15,7 @@ state, measured from the storages (:func:`llm_marl.runs.fsdp.local_nbytes`).
 Usage::
 
     python benchmarks/fsdp.py --items 8 --out fsdp.json     # both modes, one after the other
+    python benchmarks/fsdp.py --items 8 --layer             # and a third: fsdp_gather="layer"
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def worker(args: argparse.Namespace) -> None:
     config = MAGRPOConfig(num_agents=2, num_turns=1, num_train_epochs=1, num_generations=4, max_new_tokens=args.new_tokens,
                           temperature=1.0, top_p=1.0, top_k=None, items_per_step=1, rollout_buffer_size=1, eval_interval=0,
                           early_termination_threshold=None, agent_learning_rate=1e-6, progress_bar=False, rollout_log_steps=0,
-                          save_final_checkpoint=False, fsdp=args.fsdp)
+                          save_final_checkpoint=False, fsdp=args.fsdp, fsdp_gather=args.gather)
     trainer = MAGRPOTrainer(env=DialogueEnv(task), policies=policies, args=config)
     grad_bytes = {}
     for agent, optimizer in trainer.optimizers.items():
@@ -78,7 +79,7 @@ def worker(args: argparse.Namespace) -> None:
     dist.all_gather_object(ranks, mine)
     if trainer.dist.is_main:
         with open(args.result, "w") as handle:
-            json.dump({"fsdp": args.fsdp, "items": args.items, "seconds_per_item": seconds / args.items,
+            json.dump({"fsdp": args.fsdp, "gather": args.gather, "items": args.items, "seconds_per_item": seconds / args.items,
                        "steps": trainer.state.global_step, "ranks": ranks}, handle, indent=2)
     sys.stdout.flush()
     os._exit(0)  # skip interpreter teardown with live gloo groups
@@ -93,6 +94,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=29561)
     parser.add_argument("--worker", action="store_true")
     parser.add_argument("--fsdp", action="store_true")
+    parser.add_argument("--gather", default="model", choices=("model", "layer"), help="fsdp_gather of the fsdp mode")
+    parser.add_argument("--layer", action="store_true", help="also run fsdp with fsdp_gather=\"layer\"")
     parser.add_argument("--result")
     args = parser.parse_args()
     if args.worker:
@@ -102,12 +105,13 @@ def main() -> None:
 
     print_machine()
     results = []
-    for fsdp in (False, True):
-        result = f"{args.out}.{'fsdp' if fsdp else 'dp'}.json"
+    modes = [(False, "model"), (True, "model")] + ([(True, "layer")] if args.layer else [])
+    for fsdp, gather in modes:
+        result = f"{args.out}.{'fsdp' if fsdp else 'dp'}.{gather}.json"
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(args.port), HERE,
                    "--worker", "--items", str(args.items), "--new-tokens", str(args.new_tokens), "--model", args.model, "--result", result]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-        subprocess.run(command + (["--fsdp"] if fsdp else []), check=True, env=env)
+        subprocess.run(command + (["--fsdp", "--gather", gather] if fsdp else []), check=True, env=env)
         with open(result) as handle:
             results.append(json.load(handle))
         os.remove(result)
@@ -118,7 +122,8 @@ def main() -> None:
         params = sum(r["ranks"][0]["param_mb"].values())
         grads = sum(r["ranks"][0]["grad_mb"].values())
         state = sum(r["ranks"][0]["optimizer_mb"].values())
-        print(f"{'fsdp' if r['fsdp'] else 'plain DP'}: {r['seconds_per_item']:.2f} s/item, peak RSS per rank {rss} GB, "
+        mode = ("fsdp" + (' (layer by layer)' if r["gather"] == "layer" else "")) if r["fsdp"] else "plain DP"
+        print(f"{mode}: {r['seconds_per_item']:.2f} s/item, peak RSS per rank {rss} GB, "
               f"rank 0 holds params {params:.0f} MB, grads {grads:.0f} MB, AdamW state {state:.0f} MB")
 
 
