@@ -496,7 +496,7 @@ sys.path.insert(0, {tests!r})
 torch.set_num_threads(1)
 from test_fsdp import run
 iac = dict(learner="iac", fsdp=True, items_per_step=1, rollout_buffer_size=1)
-result = {{"iac": run({model_dir!r}, **iac)}}
+result = {{"iac": run({model_dir!r}, **iac), "iac_layer": run({model_dir!r}, gather="layer", **iac)}}
 run({model_dir!r}, output_dir={run_dir!r}, max_steps=1, **iac)
 result["checkpoint"] = sorted(os.listdir(os.path.join({run_dir!r}, "checkpoint-1")))
 result["iac_resumed"] = run({model_dir!r}, output_dir={run_dir!r}, resume=True, **iac)
@@ -529,6 +529,10 @@ def test_sharded_critics_resume_exactly_and_maac_and_a_team_train_like_one_proce
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
     assert {"critic_0_shards", "critic_1_shards"} <= set(ranks[0]["checkpoint"])
+    for rank in ranks:  # fsdp_gather="layer" with critics (their values in the rollout): the same answers and steps
+        layer, whole = rank["iac_layer"], rank["iac"]
+        assert layer["answers"] == whole["answers"] and layer["probes"] == whole["probes"]
+        assert all(torch.equal(g, e) for a in whole["grads"] for gs, es in zip(layer["grads"][a], whole["grads"][a]) for g, e in zip(gs, es))
     for uninterrupted, resumed in ((ranks[0]["iac"], ranks[0]["iac_resumed"]), (ranks[0]["shared"], ranks[0]["shared_resumed"])):
         assert resumed["steps"] == 2 and len(resumed["probes"]) == 1  # it rolled out batch 2 only
         assert resumed["weights"].keys() == uninterrupted["weights"].keys() and len(resumed["weights"]) == 4  # 2 agents, 2 critics
