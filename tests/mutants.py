@@ -928,6 +928,13 @@ MUTANTS: list[Mutant] = [
         "    if models and getattr(trainer.args, \"fsdp_gather\", \"model\") == \"lay\":",
         ("tests/test_fsdp.py::test_two_sharded_ranks_train_like_one_unsharded_process",),
     ),
+    Mutant(
+        "fsdp: MARLHF's sharded reward model steps on the sum of the ranks' identical gradients",
+        "llm_marl/runs/fsdp.py",
+        "                p.grad.div_(trainer.dist.world_size)",
+        "                p.grad.div_(1)",
+        ("tests/test_fsdp.py::test_sharded_critics_resume_exactly_and_maac_and_a_team_train_like_one_process",),
+    ),
 ]
 
 def run_one(mutant: Mutant, timeout: float) -> tuple[str, str, float]:

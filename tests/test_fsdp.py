@@ -52,6 +52,7 @@ import torch
 
 from llm_marl.envs import DialogueEnv
 from llm_marl.learners import IACConfig, IACTrainer, MAACConfig, MAACTrainer, MADPOConfig, MADPOTrainer, MAGRPOConfig, MAGRPOTrainer
+from llm_marl.learners.reward_model import MARLHFConfig, MARLHFTrainer
 from llm_marl.policies.base import Completion
 from llm_marl.policies.causal_lm import CausalLMPolicy
 from llm_marl.policies.lora_team import AdapterPolicy, LoRATeam
@@ -156,6 +157,9 @@ def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, 
     if learner == "madpo":  # the joint DPO loss over both agents, against sharded references
         args = MADPOConfig(preference_num_candidates=3, preference_pairs_per_sample=2, **common)
         trainer = MADPOTrainer(env=DialogueEnv(task), policies=policies, args=args)
+    elif learner == "marlhf":  # a reward model (a copy of agent 0's model) fit on every item's pairs, then MAGRPO against it
+        args = MARLHFConfig(num_generations=3, preference_num_candidates=3, reward_learning_rate=1e-2, reward_train_batch_size=2, **common)
+        trainer = MARLHFTrainer(env=DialogueEnv(task), policies=policies, args=args)
     elif learner in ("iac", "maac", "iac_shared"):  # separate critics (copies of the agents' models), sharded too
         config, kind = (MAACConfig, MAACTrainer) if learner == "maac" else (IACConfig, IACTrainer)
         args = config(num_generations=2, critic_learning_rate=1e-2, value_clip_range=None, advantage_normalization=False,  # whitening is per rank
@@ -181,6 +185,19 @@ def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, 
         return {**state, **{f"head.{n}": p.detach().clone() for n, p in critic.head.named_parameters()}}
 
     critic_start = {f"critic:{n}": critic_weights(n, c) for n, c in critics.items()}
+    reward_model = getattr(trainer, "reward_model", None)
+    if reward_model is not None:  # its optimizer's steps and weights are compared like a critic's
+        optimizers["critic:reward_model"] = trainer.reward_optimizer
+        grads["critic:reward_model"] = []
+
+        def reward_weights():
+            if getattr(trainer, "sharded_reward_model", None) is not None:
+                from llm_marl.runs.fsdp import full_state_dict
+
+                return full_state_dict(reward_model)
+            return {n: p.detach().clone() for n, p in reward_model.named_parameters()}
+
+        critic_start["critic:reward_model"] = reward_weights()
     collect = trainer._collect
 
     def probed_collect(indices):
@@ -230,12 +247,15 @@ def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, 
         references = {a: r.model.state_dict() for a, r in (trainer.reference_policies or {}).items()}
         gathered = weights
     weights.update({f"critic:{n}": critic_weights(n, c) for n, c in critics.items()})
+    if reward_model is not None:
+        weights["critic:reward_model"] = reward_weights()
     gathered.update({f"critic:{n}": weights[f"critic:{n}"] for n in critics})
     return {
         "critic_start": critic_start,
-        "critic_bytes": {} if team or learner == "iac_shared" else {n: local_nbytes(c.model.parameters()) for n, c in critics.items()},
-        "critic_optimizer_bytes": {n: local_nbytes(t for state in o.state.values() for t in state.values() if t.dim() > 0)
-                                   for n, o in getattr(trainer, "critic_optimizers", {}).items()},
+        "critic_bytes": {"reward_model": local_nbytes(reward_model.backbone.parameters())} if reward_model is not None else
+                        {} if team or learner == "iac_shared" else {n: local_nbytes(c.model.parameters()) for n, c in critics.items()},
+        "critic_optimizer_bytes": {n.removeprefix("critic:"): local_nbytes(t for state in o.state.values() for t in state.values() if t.dim() > 0)
+                                   for n, o in optimizers.items() if n.startswith("critic:")},
         "world_size": trainer.dist.world_size,
         "steps": trainer.state.global_step,
         "weights": weights,
@@ -506,6 +526,11 @@ shared = dict(learner="iac_shared", fsdp=True, items_per_step=1, rollout_buffer_
 result["shared"] = run({model_dir!r}, **shared)
 run({model_dir!r}, output_dir={shared_dir!r}, max_steps=1, **shared)
 result["shared_resumed"] = run({model_dir!r}, output_dir={shared_dir!r}, resume=True, **shared)
+rlhf = dict(learner="marlhf", fsdp=True, items_per_step=1, rollout_buffer_size=1)  # its reward model sharded
+result["marlhf"] = run({model_dir!r}, save_to={rlhf_saved!r}, **rlhf)
+run({model_dir!r}, output_dir={rlhf_dir!r}, max_steps=1, **rlhf)
+result["marlhf_checkpoint"] = sorted(os.listdir(os.path.join({rlhf_dir!r}, "checkpoint-1")))
+result["marlhf_resumed"] = run({model_dir!r}, output_dir={rlhf_dir!r}, resume=True, **rlhf)
 torch.save(result, os.path.join({out!r}, f"rank{{os.environ['RANK']}}.pt"))
 sys.stdout.flush(); sys.stderr.flush()
 os._exit(0)
@@ -520,7 +545,8 @@ def test_sharded_critics_resume_exactly_and_maac_and_a_team_train_like_one_proce
     out = tmp_path / "ranks"
     out.mkdir()
     script = tmp_path / "rank.py"
-    script.write_text(CRITIC_SCRIPT.format(tests=TESTS, model_dir=model_dir, out=str(out), run_dir=str(tmp_path / "run"), shared_dir=str(tmp_path / "shared")))
+    script.write_text(CRITIC_SCRIPT.format(tests=TESTS, model_dir=model_dir, out=str(out), run_dir=str(tmp_path / "run"), shared_dir=str(tmp_path / "shared"),
+                                           rlhf_saved=str(tmp_path / "rlhf_saved"), rlhf_dir=str(tmp_path / "rlhf")))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()), str(script)],
@@ -533,13 +559,33 @@ def test_sharded_critics_resume_exactly_and_maac_and_a_team_train_like_one_proce
         layer, whole = rank["iac_layer"], rank["iac"]
         assert layer["answers"] == whole["answers"] and layer["probes"] == whole["probes"]
         assert all(torch.equal(g, e) for a in whole["grads"] for gs, es in zip(layer["grads"][a], whole["grads"][a]) for g, e in zip(gs, es))
-    for uninterrupted, resumed in ((ranks[0]["iac"], ranks[0]["iac_resumed"]), (ranks[0]["shared"], ranks[0]["shared_resumed"])):
+    assert "reward_model_shards" in ranks[0]["marlhf_checkpoint"]
+    pairs = ((ranks[0]["iac"], ranks[0]["iac_resumed"]), (ranks[0]["shared"], ranks[0]["shared_resumed"]), (ranks[0]["marlhf"], ranks[0]["marlhf_resumed"]))
+    for uninterrupted, resumed in pairs:
         assert resumed["steps"] == 2 and len(resumed["probes"]) == 1  # it rolled out batch 2 only
-        assert resumed["weights"].keys() == uninterrupted["weights"].keys() and len(resumed["weights"]) == 4  # 2 agents, 2 critics
+        assert resumed["weights"].keys() == uninterrupted["weights"].keys() and len(resumed["weights"]) in (3, 4)  # 2 agents, 2 critics or a reward model
         for key, weights in uninterrupted["weights"].items():
             for name, value in weights.items():
                 assert torch.equal(resumed["weights"][key][name], value), (key, name)
     start = CausalLMPolicy.from_pretrained(model_dir).model.state_dict()
+    # MARLHF: every rank fits the sharded reward model on rank 0's pairs (all items' pairs, as one
+    # process does): each fit step's gradient is one process's exactly, and so are the weights;
+    # the agents' first step too. (The second rollout's answers may differ by a token: AdamW's
+    # rounding amplification moves the agents' weights by ~1e-4, enough to flip a sampled token.)
+    single = run(model_dir, learner="marlhf")
+    for rank in ranks:
+        rlhf = rank["marlhf"]
+        assert rlhf["steps"] == single["steps"] == 2 and len(rlhf["grads"]["critic:reward_model"]) == len(single["grads"]["critic:reward_model"]) == 6
+        for key in ("critic:reward_model", "agent_0", "agent_1"):
+            for expected, got in list(zip(single["grads"][key], rlhf["grads"][key]))[: None if key.startswith("critic") else 1]:
+                assert all(torch.allclose(g, e, atol=1e-6, rtol=1e-4) for e, g in zip(expected, got)), key
+        for what in ("param_bytes", "optimizer_bytes", "critic_bytes", "critic_optimizer_bytes"):
+            for name, whole in single[what].items():
+                assert 0.45 * whole <= rlhf[what][name] <= 0.6 * whole, (what, name, rlhf[what][name], whole)
+    trained = ranks[0]["marlhf"]["weights"]["critic:reward_model"]
+    assert all(torch.allclose(trained[n], v, atol=1e-6) for n, v in single["weights"]["critic:reward_model"].items())
+    saved = torch.load(tmp_path / "rlhf_saved" / "reward_model" / "reward_model.pt", weights_only=False)  # consolidated by rank 0
+    assert saved.keys() == trained.keys() and all(torch.equal(saved[n], v) for n, v in trained.items())
     # use_separate_critic=False: each value head on its agent's sharded model, trained in the agent's step.
     assert_iac_trained_alike([r["shared"] for r in ranks], run(model_dir, learner="iac_shared"), start)
     assert_iac_trained_alike([r["maac"] for r in ranks], run(model_dir, learner="maac"), start)

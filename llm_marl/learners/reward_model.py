@@ -43,6 +43,7 @@ from llm_marl.policies.base import Completion
 from llm_marl.policies.critic import joint_observation
 from llm_marl.policies.lm_runner import context_length
 from llm_marl.policies.weight_changes import optimizer_parameters, weights_changed
+from llm_marl.runs.fsdp import fitting_sharded, regather
 
 __all__ = ["HashedNgramBackbone", "JointRewardModel", "JointText", "MARLHFConfig", "MARLHFTrainer", "comlrl_joint_text", "joint_answer_text"]
 
@@ -341,7 +342,7 @@ class MARLHFTrainer(MAGRPOTrainer):
     ``reward_model`` a :class:`JointRewardModel` (default: see ``reward_model_name``).
     """
 
-    _fsdp_supported = False  # fsdp=True: refused with a one-line error (not sharded yet)
+    _fsdp_supported = True  # fsdp=True: the reward model is built before the agents are sharded, then sharded too (runs/fsdp.py)
 
     config_class = MARLHFConfig
     reward_truncation_side = "left"
@@ -362,18 +363,25 @@ class MARLHFTrainer(MAGRPOTrainer):
         if args is not None and not isinstance(args, self.config_class):
             raise TypeError(f"args must be a {self.config_class.__name__}, got {type(args).__name__}")
         env, policies, args, eval_env, one = centralize_if_asked(env, policies, args, eval_env, centralized_comparator_adapter, type(self).__name__)
-        super().__init__(env, policies, args, eval_env, **kwargs)
+        self._reward_source, self.reward_model = reward_model, None
+        super().__init__(env, policies, args, eval_env, **kwargs)  # fsdp=True: calls _make_reward_model before sharding
         if one is not None:
             one.attach(self)
-        self.reward_model = reward_model if reward_model is not None else self._default_reward_model()
-        device = self.args.reward_model_device
-        if device is not None:
-            self.reward_model.to(device)
+        if self.reward_model is None:
+            self._make_reward_model()
         params = [p for p in self.reward_model.parameters() if p.requires_grad]
-        self.reward_optimizer = reward_optimizer or torch.optim.AdamW(params, lr=self.args.reward_learning_rate, weight_decay=self.args.weight_decay)
+        shards = [p for p in params if type(p).__name__ == "DTensor"]  # fsdp: a sharded backbone beside a whole head
+        groups = [{"params": shards}, {"params": [p for p in params if type(p).__name__ != "DTensor"]}] if shards else params
+        self.reward_optimizer = reward_optimizer or torch.optim.AdamW(groups, lr=self.args.reward_learning_rate, weight_decay=self.args.weight_decay)
         self.reward_phase = _Phase()
         self.reward_pairs: list[tuple[str, str]] = []
         """The (winner, loser) texts the reward model was fit to (this process only; not checkpointed)."""
+
+    def _make_reward_model(self) -> None:
+        """The reward model given to the constructor, or the default one, on ``reward_model_device``."""
+        self.reward_model = self._reward_source if self._reward_source is not None else self._default_reward_model()
+        if self.args.reward_model_device is not None:
+            self.reward_model.to(self.args.reward_model_device)
 
     def _default_reward_model(self) -> JointRewardModel:
         args = self.args
@@ -399,7 +407,10 @@ class MARLHFTrainer(MAGRPOTrainer):
         return JointRewardModel(HashedNgramBackbone(seed=derive_seed(args.seed, "reward_model")), args.reward_freeze_backbone, seed=seed)
 
     def checkpoint_extras(self) -> dict[str, Any]:
-        """The reward model, its optimizer and the phase flag."""
+        """The reward model, its optimizer and the phase flag (fsdp, a sharded reward model: the
+        flag; its shards, head and optimizer state go through torch.distributed.checkpoint)."""
+        if getattr(self, "sharded_reward_model", None) is not None:
+            return {"reward_phase": self.reward_phase}
         return {"reward_model": self.reward_model, "reward_optimizer": self.reward_optimizer, "reward_phase": self.reward_phase}
 
     def save_model(self, output_dir: str) -> None:
@@ -410,7 +421,13 @@ class MARLHFTrainer(MAGRPOTrainer):
         super().save_model(output_dir)
         target = os.path.join(output_dir, "reward_model")
         os.makedirs(target, exist_ok=True)
-        torch.save(self.reward_model.state_dict(), os.path.join(target, "reward_model.pt"))
+        state = self.reward_model.state_dict()
+        if getattr(self, "sharded_reward_model", None) is not None:  # fsdp: every rank gathers, rank 0 writes
+            from llm_marl.runs.fsdp import full_state_dict
+
+            state = full_state_dict(self.reward_model)
+        if self.dist.is_main or not self.sharded:
+            torch.save(state, os.path.join(target, "reward_model.pt"))
 
     # --- phase 1: preference pairs -> reward model ---------------------------------------------
 
@@ -502,17 +519,19 @@ class MARLHFTrainer(MAGRPOTrainer):
             for start in range(0, len(order), args.reward_train_batch_size):
                 batch = [pairs[i] for i in order[start : start + args.reward_train_batch_size]]
                 self.reward_optimizer.zero_grad(set_to_none=True)
-                loss, accuracy = self.reward_model_loss(batch)
-                if not torch.isfinite(loss):
-                    self.reward_optimizer.zero_grad(set_to_none=True)
-                    raise FloatingPointError(f"reward model: Bradley-Terry loss is {loss.item()} at epoch {epoch}, pairs {start}..{start + len(batch) - 1}")
-                loss.backward()
+                with fitting_sharded(self):  # fsdp: every rank fits on all pairs alike
+                    loss, accuracy = self.reward_model_loss(batch)
+                    if not torch.isfinite(loss):
+                        self.reward_optimizer.zero_grad(set_to_none=True)
+                        raise FloatingPointError(f"reward model: Bradley-Terry loss is {loss.item()} at epoch {epoch}, pairs {start}..{start + len(batch) - 1}")
+                    loss.backward()
                 self.reward_optimizer.step()
                 weights_changed(optimizer_parameters(self.reward_optimizer))
                 losses.append(loss.item())
                 accuracies.append(accuracy)
             history.append({"reward_model/loss": float(np.mean(losses)), "reward_model/accuracy": float(np.mean(accuracies))})
         self.reward_optimizer.zero_grad(set_to_none=True)
+        regather(self)  # fsdp: the stepped weights, for the rest of the sampling window
         self.reward_model.eval()
         if history:  # one point per fit, on the run's x-axis (the batch being trained): steps never go back
             self.logger.log({**history[-1], "reward_model/first_epoch_loss": history[0]["reward_model/loss"],
@@ -521,6 +540,10 @@ class MARLHFTrainer(MAGRPOTrainer):
 
     def _learn_reward_model(self) -> None:
         pairs = self.preference_pairs()
+        if self.sharded:  # fsdp: every rank fits the one reward model on rank 0's pairs
+            from llm_marl.runs.fsdp import shared_value
+
+            pairs = shared_value(pairs)
         if not pairs:
             raise ValueError(
                 f"MARLHF: the {_num_items(self.env)} train items gave no preference pair (every candidate "

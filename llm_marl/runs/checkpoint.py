@@ -143,11 +143,15 @@ def save(trainer: Any) -> str:
 
 def _critic_shards(trainer: Any) -> list[tuple[str, Any, Any]]:
     """``(folder, sharded model, optimizer)`` of each critic sharded with its own model (fsdp=True):
-    its weights, value head and optimizer state go to ``critic_<i>_shards/``."""
+    its weights, value head and optimizer state go to ``critic_<i>_shards/``; MARLHF's sharded
+    reward model to ``reward_model_shards/``."""
     names = list(getattr(trainer, "critics", None) or {})
     optimizers = getattr(trainer, "critic_optimizers", {})
-    return [(f"critic_{names.index(name)}_shards", shard, optimizers.get(name))
-            for name, shard in getattr(trainer, "sharded_critics", {}).items() if not shard.frozen]
+    found = [(f"critic_{names.index(name)}_shards", shard, optimizers.get(name))
+             for name, shard in getattr(trainer, "sharded_critics", {}).items() if not shard.frozen]
+    if getattr(trainer, "sharded_reward_model", None) is not None:  # MARLHF's reward model and its optimizer
+        found.append(("reward_model_shards", trainer.sharded_reward_model, trainer.reward_optimizer))
+    return found
 
 
 def closing_wanted(trainer: Any) -> bool:

@@ -24,7 +24,8 @@ never depend on what a rank's own items look like:
   rank 0 (:func:`save_consolidated`).
 
 What each agent carries is sharded the same way: its reference model (a frozen copy made before
-sharding) and, for the actor-critic learners, a separate critic's model (:func:`shard_critics`;
+sharding), MARLHF's language-model reward model (:func:`fitting_sharded`) and, for the
+actor-critic learners, a separate critic's model (:func:`shard_critics`;
 the critics are built before the agents are sharded, and a critic's value head stays whole on
 every rank). A LoRA team (:func:`shard_team`) shards its one frozen base; its adapters (and a
 critic's value adapter) stay whole on every rank, trained as in data parallelism (gradients
@@ -96,7 +97,7 @@ def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
     critics; a one-line error for what is not sharded (yet)."""
     name = type(trainer).__name__
     if not trainer._fsdp_supported:
-        raise ValueError(f"fsdp=True is not supported by {name} yet (supported: MAGRPO, MAREINFORCE, MARLOO, MAReMax, MADPO, IAC, MAAC); train without fsdp")
+        raise ValueError(f"fsdp=True is not supported by {name} yet (supported: MAGRPO, MAREINFORCE, MARLOO, MAReMax, MADPO, IAC, MAAC, MARLHF); train without fsdp")
     if trainer.args.reference_kl_enabled and trainer.args.reference_devices is not None:
         raise ValueError("fsdp=True shards each reference model across the ranks; reference_devices does not apply (leave it None)")
     world, shard = trainer.dist.world_size, trainer.args.fsdp_shard_size or trainer.dist.world_size
@@ -116,9 +117,11 @@ def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
         raise ValueError(
             "fsdp=True needs a torchrun process group of 2+ ranks (torchrun --nproc_per_node N ...); in one process train without fsdp"
         )
-    make_critics = getattr(trainer, "_make_critics", None)
-    if make_critics is not None:  # actor-critic: critics copy the agents' models before they are sharded
-        make_critics()
+    if hasattr(trainer, "_make_reward_model") and getattr(trainer.args, "fsdp_gather", "model") == "layer":
+        raise ValueError(f'fsdp_gather="layer" is not supported by {name} (its reward model is fit inside a sampling window); use fsdp_gather="model"')
+    for prepare in ("_make_critics", "_make_reward_model"):  # critics and MARLHF's reward model copy agents' models
+        if getattr(trainer, prepare, None) is not None:
+            getattr(trainer, prepare)()
     from torch.distributed.device_mesh import init_device_mesh
 
     device_type = "cuda" if torch.cuda.is_available() else "cpu"
@@ -149,6 +152,14 @@ def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
         trainer.dist.broadcast_parameters(reference.model.parameters())
         trainer.sharded_references[agent] = shard_model(reference.model, mesh, f"agent {agent!r}'s reference model", mixed=mixed)
     trainer.sharded_critics = shard_critics(trainer, mesh, device_type, teams, mixed)
+    trainer.sharded_reward_model = None
+    reward = getattr(trainer, "reward_model", None)
+    if getattr(reward, "is_language_model", False):  # MARLHF: the backbone sharded, the score head whole
+        if device_type == "cuda":
+            reward.to(torch.device("cuda", torch.cuda.current_device()))
+        trainer.dist.broadcast_parameters(reward.parameters())
+        trainer.sharded_reward_model = shard_model(reward.backbone, mesh, "the reward model", mixed=mixed)
+        trainer.sharded_reward_model.checkpointed = reward
     for critic in (getattr(trainer, "critics", None) or {}).values():  # a head on an agent's own model: saved with it
         owner = next((m for m in sharded.values() if getattr(critic, "shared", False) and m.model is getattr(critic, "model", None)), None)
         if owner is not None:
@@ -183,7 +194,8 @@ def gathered(trainer: Any) -> ExitStack:
     the weights stay sharded and each forward gathers one layer at a time, the ranks' forwards
     kept in step by a :class:`Lockstep`."""
     stack = ExitStack()
-    models = [*trainer.sharded.values(), *getattr(trainer, "sharded_references", {}).values(), *getattr(trainer, "sharded_critics", {}).values()]
+    models = [*trainer.sharded.values(), *getattr(trainer, "sharded_references", {}).values(), *getattr(trainer, "sharded_critics", {}).values(),
+              *[m for m in [getattr(trainer, "sharded_reward_model", None)] if m is not None]]
     models = list({id(m): m for m in models}.values())  # a team's agents share one base
     if models and getattr(trainer.args, "fsdp_gather", "model") == "layer":
         lockstep = trainer.__dict__.get("_lockstep")
@@ -252,6 +264,35 @@ class Lockstep:
             self._serve(-1)  # this rank is done: serve the others' passes until every rank is
             for model in self.models:
                 model._reshard()
+
+
+@contextmanager
+def fitting_sharded(trainer: Any) -> Iterator[None]:
+    """One optimizer step's forward/backward of MARLHF's sharded reward model (nothing without
+    one), inside a sampling window. Every rank fits on every pair, so the reduce-scatter's sum is
+    world-size times the gradient: the shards' gradients are divided back (the weights are then
+    resharded: :func:`regather` once the fit's steps are done)."""
+    sharded = getattr(trainer, "sharded_reward_model", None)
+    if sharded is None:
+        yield
+        return
+    try:
+        with sharded.accumulating():
+            yield
+    finally:
+        sharded.reduce()
+        for p in sharded.model.parameters():
+            if p.grad is not None:
+                p.grad.div_(trainer.dist.world_size)
+
+
+def regather(trainer: Any) -> None:
+    """After :func:`fitting_sharded`'s steps: gather the stepped reward model again for the rest
+    of the sampling window (nothing without one)."""
+    sharded = getattr(trainer, "sharded_reward_model", None)
+    if sharded is not None:
+        with torch.no_grad():
+            sharded._unshard()
 
 
 def shared_value(value: Any) -> Any:
