@@ -48,14 +48,17 @@ from typing import Any, Iterable, Iterator
 import torch
 
 __all__ = [
+    "Lockstep",
     "ShardedModel",
     "decoder_layers",
+    "fitting_sharded",
     "full_state_dict",
     "gathered",
     "grad_norm",
     "is_sharded",
     "local_nbytes",
     "load_shards",
+    "regather",
     "save_consolidated",
     "save_shards",
     "shard_agents",
