@@ -110,3 +110,21 @@ def test_a_whole_hanabi_game_is_recorded_and_shown_by_the_viewer(tmp_path):
         browser.open("file://" + write_page(str(out), str(tmp_path / "viewer.html")))
         shown = browser.evaluate("window.llmMarlViewer.ready.then(() => document.querySelectorAll('#tree .node').length)")
         assert shown == len(nodes) and browser.console_errors == []
+
+
+def test_the_lm_benchmark_evaluates_before_each_batch_and_at_the_end_once(tmp_path):
+    """benchmarks/lm_tiny_hanabi.py at tiny size: one curve point per batch plus the end (the final
+    evaluation is in the logger's history already), and a readable end-of-run game."""
+    import argparse
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("llm_marl_bench_lm_tiny_hanabi", root / "benchmarks" / "lm_tiny_hanabi.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    ns = argparse.Namespace(batches=2, eval_items=2, transcripts=1, threads=1)
+    row = bench.run(0, True, {"model": "tiny", "lora_target_modules": ["c_attn"]}, ns)
+    assert row["run"] == "control" and len(row["curve"]) == 3
+    [game] = row["transcripts"]
+    assert game.startswith("  [player_0 sees] 'tiny_hanabi_E: you are player 0.") and "[player_0 says]" in game and "  return 0" in game

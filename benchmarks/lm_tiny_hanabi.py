@@ -1,0 +1,182 @@
+"""A language-model team learns Tiny Hanabi game E from text prompts, against a reward-blind control.
+
+Two SmolLM2-135M-Instruct LoRA adapters on one frozen base (the command's default model) play
+``TinyHanabi-E-v0`` as ``llm-marl train --env TinyHanabi-E-v0 --policy lm`` builds it: each prompt
+shows the player's information state and asks "Which move do you make? Choose one of: " its legal
+moves by name; the answer is parsed to a legal move (an illegal one ends the game with the
+game's minimum payoff, 0). For each seed the real MAGRPO learner and its reward-blind control
+(``tests/controls.py``: each group's advantages shuffled, same seed, same start, same deals) are
+trained one after the other, one pass over ``--batches`` batches of 4 deals. The eval return
+(``eval/turn_1/expected_return``: the mean return of one sampled game on each of the first
+``--eval-items`` eval deals, the same deals for every run) is measured before every batch and at
+the end. The script prints the machine, the settings, per arm and number of batches trained the
+mean and min..max over seeds, the fraction of game E's optimum (10) reached, and end-of-run
+games (prompts, both answers, return)::
+
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/lm_tiny_hanabi.py --seeds 0 1 2 --out lm_tiny_hanabi.json
+    python benchmarks/lm_tiny_hanabi.py --seeds 0 --batches 2 --eval-items 8     # a quick look
+    python benchmarks/lm_tiny_hanabi.py --summary lm_tiny_hanabi.json            # reprint a saved run
+
+The model is fetched and converted on first use (``llm_marl.policies.models``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from machine import print_machine  # noqa: E402
+
+OPTIMUM = 10.0
+RUN = {
+    "env": "TinyHanabi-E-v0",
+    "policy": "lm",
+    "model": "smollm2-135m",
+    "learner": "magrpo",
+    "lora_r": 8,
+    "lora_alpha": 16.0,
+    "lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
+    "num_generations": 4,
+    "joint_mode": "aligned",
+    "num_train_epochs": 1,
+    "items_per_step": 4,
+    "rollout_buffer_size": 4,
+    "max_new_tokens": 8,
+    "temperature": 0.7,
+    "top_p": 1.0,
+    "top_k": None,
+    "agent_learning_rate": 1e-3,
+    "early_termination_threshold": None,
+    "reference_kl_enabled": False,
+    "eval_interval": 1,
+    "logging_steps": 1,
+    "rollout_log_steps": 0,
+    "max_grad_norm": 1.0,
+    "progress_bar": False,
+}
+"""The run's settings (``llm-marl train`` options); ``--set FIELD=VALUE`` overrides one."""
+
+
+KEY = "eval/turn_1/expected_return"
+
+
+def transcripts(trainer, count: int) -> list[str]:
+    """One sampled game per eval item: both prompts, both answers and the reward."""
+    from llm_marl.learners.tree import grow_trees
+
+    roots = grow_trees(trainer.eval_env, trainer.policies, list(range(count)), num_samples=1, num_turns=2)
+    shown = []
+    for root in roots:
+        lines, node = [], root
+        while node is not None:
+            for agent in node.agents:
+                lines.append(f"  [{agent} sees] {node.observations[agent]!r}")
+                lines.append(f"  [{agent} says] {node.completions[agent][0].text!r}")
+            illegal = node.details[0].get("illegal") if node.details else None
+            if illegal:
+                lines.append(f"  illegal answer by {illegal}: the game ends")
+            node = node.children[0] if node.children else None
+        lines.append(f"  return {root.returns[0]:g}")
+        shown.append("\n".join(lines))
+    return shown
+
+
+def run(seed: int, control: bool, overrides: dict, ns: argparse.Namespace) -> dict:
+    import torch
+
+    from controls import reward_blind
+    from llm_marl.cli import build_trainer
+
+    torch.manual_seed(seed)
+    with tempfile.TemporaryDirectory(prefix="lm-tiny-hanabi-") as out:
+        options = {**RUN, "seed": seed, "output_dir": out,
+                   "eval_num_samples": ns.eval_items, "eval_batch_size": ns.eval_items, "num_threads": ns.threads, **overrides}
+        started = time.time()
+        trainer = build_trainer(options)
+        trainer.env.num_items = ns.batches * trainer.args.items_per_step  # one pass over the same items in every run
+        if control:
+            with reward_blind("shuffle", seed):
+                trainer.train()
+        else:
+            trainer.train()
+        final = trainer.evaluate()
+        # the logger's history holds every evaluation: before each batch, then the final one
+        curve = [m[KEY] for _, m in trainer.logger.history if KEY in m]
+        steps = trainer.state.global_step
+        games = transcripts(trainer, ns.transcripts)
+        minutes = (time.time() - started) / 60
+    return {"seed": seed, "run": "control" if control else "magrpo", "curve": curve, "steps": steps, "minutes": round(minutes, 2),
+            "illegal_rate": {k.split("/")[1]: round(v, 3) for k, v in final.items() if k.endswith("illegal_rate")},
+            "transcripts": games, "load": round(os.getloadavg()[0], 2)}
+
+
+def spread(values: list[float]) -> str:
+    mean = sum(values) / len(values)
+    return f"{mean:5.2f} ({min(values):.2f}..{max(values):.2f})"
+
+
+def summarize(rows: list[dict], seeds: list[int]) -> None:
+    """The curve table (mean and min..max over seeds per arm, by batches trained) and the transcripts."""
+    print(f"\nmean eval return (min..max over seeds {seeds}) after b batches; game E's optimum is {OPTIMUM:g}")
+    kinds = [k for k in ("magrpo", "control") if any(r["run"] == k for r in rows)]
+    print("   b  " + "  ".join(f"{k:<20}" for k in kinds))
+    for step in range(min(len(r["curve"]) for r in rows)):
+        cells = [spread([r["curve"][step] for r in rows if r["run"] == k]) for k in kinds]
+        print(f"{step:>4}  " + "  ".join(f"{c:<20}" for c in cells))
+    for k in kinds:
+        final = [r["curve"][-1] for r in rows if r["run"] == k]
+        print(f"{k}: final {sum(final) / len(final):.2f} = {sum(final) / len(final) / OPTIMUM:.0%} of the optimum")
+    for row in rows:
+        print(f"\n--- seed {row['seed']} {row['run']}: end-of-run games")
+        for game in row["transcripts"]:
+            print(game)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--batches", type=int, default=8, help="batches of items_per_step items per run (one pass)")
+    parser.add_argument("--eval-items", type=int, default=16, help="eval items (one sampled game each) per evaluation")
+    parser.add_argument("--transcripts", type=int, default=4, help="end-of-run games shown per run")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--runs", nargs="+", choices=["magrpo", "control"], default=["magrpo", "control"])
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a RUN option (JSON value)")
+    parser.add_argument("--out", help="write the rows as JSON here")
+    parser.add_argument("--summary", metavar="JSON", help="print the table and transcripts of a saved --out file, run nothing")
+    ns = parser.parse_args()
+    if ns.summary:
+        rows = json.loads(Path(ns.summary).read_text())["rows"]
+        summarize(rows, sorted({r["seed"] for r in rows}))
+        return
+    print_machine()
+    overrides = {}
+    for item in ns.set:
+        key, _, value = item.partition("=")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value
+    print(f"settings: {json.dumps({**RUN, **overrides})}", flush=True)
+    rows = []
+    started = time.time()
+    for seed in ns.seeds:
+        for kind in ns.runs:
+            row = run(seed, kind == "control", overrides, ns)
+            rows.append(row)
+            print(f"seed {seed} {row['run']:<8} {row['steps']} optimizer steps; eval return after each batch: {' '.join(f'{v:.2f}' for v in row['curve'])}  "
+                  f"illegal {row['illegal_rate']}  {row['minutes']:.1f} min, load {row['load']}", flush=True)
+            if ns.out:
+                Path(ns.out).write_text(json.dumps({"settings": {**RUN, **overrides}, "rows": rows}, indent=2))
+    summarize(rows, ns.seeds)
+    print(f"\ntotal {(time.time() - started) / 60:.1f} min; load average now {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()
