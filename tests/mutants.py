@@ -349,6 +349,27 @@ MUTANTS: list[Mutant] = [
         ("tests/test_openspiel.py::test_an_illegal_or_unparsable_answer_ends_the_episode_with_the_penalty",),
     ),
     Mutant(
+        "OpenSpiel on_illegal='random': an illegal answer still ends the game",
+        "llm_marl/envs/openspiel.py",
+        "        if illegal and self.on_illegal == \"end\":",
+        "        if illegal:",
+        ("tests/test_openspiel.py::test_random_on_illegal_keeps_the_tree_growing_and_counts_the_illegal_rate",),
+    ),
+    Mutant(
+        "OpenSpiel on_illegal='random': the penalty is not added to the step's reward",
+        "llm_marl/envs/openspiel.py",
+        "rewards = {a: float(delta[0]) + self.illegal_penalty * len(illegal) for a in agents}",
+        "rewards = {a: float(delta[0]) for a in agents}",
+        ("tests/test_openspiel.py::test_random_on_illegal_plays_a_legal_move_and_adds_the_penalty",),
+    ),
+    Mutant(
+        "OpenSpiel on_illegal='random': the substitute comes from the env's shared RNG (forks draw differently)",
+        "llm_marl/envs/openspiel.py",
+        "rng = np.random.default_rng(_stream_seed(\"illegal\", self.split, self.item_index, tuple(self.state.history()), player))",
+        "rng = self._np_random",
+        ("tests/test_openspiel.py::test_the_substituted_move_is_uniform_over_legal_moves_and_reproduces",),
+    ),
+    Mutant(
         "--policy lm plays an OpenSpiel game from its tabular keys, not text prompts",
         "llm_marl/assembly.py",
         "    if text and getattr(env, \"text\", None) is False:",

@@ -92,6 +92,107 @@ def test_an_illegal_or_unparsable_answer_ends_the_episode_with_the_penalty(answe
     assert infos["player_1"]["reward_details"]["illegal"] == ["player_0"]
 
 
+def test_the_default_on_an_illegal_answer_is_to_end_the_game():
+    assert OpenSpielEnv("tiny_hanabi").on_illegal == "end" and make("Hanabi-Small-v0").on_illegal == "end"
+    assert make("Hanabi-Small-RandomOnIllegal-v0").on_illegal == "random"
+    with pytest.raises(ValueError, match=r"on_illegal must be one of \['end', 'random'\], got 'skip'"):
+        tiny_hanabi("E", on_illegal="skip")
+    with pytest.raises(ValueError, match="illegal_penalty goes with on_illegal='random'"):
+        tiny_hanabi("E", illegal_penalty=-2.0)
+    with pytest.raises(ValueError, match="illegal_reward goes with on_illegal='end'"):
+        tiny_hanabi("E", on_illegal="random", illegal_reward=-2.0)
+
+
+# game E's payoff to player 1's move after player 0 played its middle move p0a1, whatever the cards
+E_AFTER_P0A1 = {"p1a0": 4.0, "p1a1": 8.0, "p1a2": 4.0}
+
+
+@pytest.mark.parametrize("answer", ["", "play the best card", "p1a7", 7, None])
+def test_random_on_illegal_plays_a_legal_move_and_adds_the_penalty(answer):
+    env = tiny_hanabi("E", on_illegal="random", illegal_penalty=-1.5)
+    env.reset(options={"index": 3})
+    obs, rewards, terms, _, infos = env.step({"player_0": "p0a1"})
+    assert rewards == {"player_0": 0.0, "player_1": 0.0} and env.acting_agents == ["player_1"]
+    obs, rewards, terms, _, infos = env.step({"player_1": answer})
+    details = infos["player_0"]["reward_details"]
+    played = details["moves"]["player_1"]
+    assert details["illegal"] == ["player_1"] and played in E_AFTER_P0A1 and all(terms.values())
+    assert rewards == {a: E_AFTER_P0A1[played] - 1.5 for a in ("player_0", "player_1")}  # the game's 4 or 8, plus the penalty
+    # an illegal first move: the game goes on, the step pays 0 + the default penalty -1
+    env = tiny_hanabi("E", text=True, on_illegal="random")
+    env.reset(options={"index": 3})
+    obs, rewards, terms, _, infos = env.step({"player_0": answer})
+    assert rewards == {"player_0": -1.0, "player_1": -1.0} and not any(terms.values()) and env.acting_agents == ["player_1"]
+    assert infos["player_1"]["reward_details"]["moves"]["player_0"] in ("p0a0", "p0a1", "p0a2")
+    assert obs["player_1"].split("\n")[1].endswith("p0:" + infos["player_1"]["reward_details"]["moves"]["player_0"][2:])
+
+
+def test_the_substituted_move_is_uniform_over_legal_moves_and_reproduces():
+    # keyed by item and history: the same deal and moves give the same substitute, in a fresh env, a fork or a reseeded one
+    first = []
+    for index in range(300):
+        env = tiny_hanabi("E", on_illegal="random")
+        env.reset(options={"index": index})
+        first.append(env.step({"player_0": "?"})[4]["player_0"]["reward_details"]["moves"]["player_0"])
+    counts = [first.count(m) for m in ("p0a0", "p0a1", "p0a2")]
+    assert sum(counts) == 300 and min(counts) >= 75  # about 100 each (binomial sd 8)
+    a, b = make("Hanabi-Small-RandomOnIllegal-v0"), make("Hanabi-Small-RandomOnIllegal-v0")
+    assert a.reset(seed=7) == b.reset(seed=7)
+    fork = a.fork()
+    for _ in range(3):
+        mover = a.acting_agents[0]
+        steps = [env.step({mover: "not a move"}) for env in (a, b, fork)]
+        assert steps[0] == steps[1] == steps[2] and steps[0][4][mover]["reward_details"]["illegal"] == [mover]
+        if not a.agents:
+            break
+    assert str(a.state) == str(b.state) == str(fork.state) and a.state is not fork.state
+
+
+def test_random_on_illegal_pays_the_games_reward_plus_one_penalty_per_illegal_answer():
+    """The reward equals that of a twin that plays the substituted moves as legal answers, plus the penalty per illegal answer."""
+    hanabi = make("Hanabi-Small-RandomOnIllegal-v0", illegal_penalty=-0.25)
+    hanabi.reset(options={"index": 2})
+    while hanabi.agents:
+        twin, mover = hanabi.fork(), hanabi.acting_agents[0]
+        _, rewards, *_, infos = hanabi.step({mover: "(Play 9)"})
+        move = infos[mover]["reward_details"]["moves"][mover]
+        assert move in twin.legal_moves(mover)
+        _, legal_rewards, *_ = twin.step({mover: move})
+        assert rewards == {a: legal_rewards[a] - 0.25 for a in legal_rewards}
+        assert str(twin.state) == str(hanabi.state)
+    assert hanabi.state.is_terminal()  # played on to the game's own end
+    boxes = make("OpenSpiel-v0", game="coop_box_pushing", on_illegal="random", illegal_penalty=-1.0)
+    boxes.reset(options={"index": 0})
+    twin = boxes.fork()
+    _, rewards, *_, infos = boxes.step({"player_0": 99, "player_1": -1})  # two illegal answers at a simultaneous node
+    moves = infos["player_0"]["reward_details"]["moves"]
+    assert infos["player_0"]["reward_details"]["illegal"] == ["player_0", "player_1"]
+    ids = {a: twin.legal_actions(a)[twin.legal_moves(a).index(moves[a])] for a in moves}
+    _, legal_rewards, *_ = twin.step(ids)
+    assert rewards["player_0"] == rewards["player_1"] == legal_rewards["player_0"] - 2.0
+
+
+def test_random_on_illegal_keeps_the_tree_growing_and_counts_the_illegal_rate():
+    """Player 0 only ever answers nonsense: "end" stops every tree at the root; "random" plays on,
+    so player 1 acts after it, and player 0's illegal rate is 1, player 1's 0."""
+    from llm_marl.learners.evaluation import illegal_rates
+
+    policies = {"player_0": TabularPolicy(["nonsense"]), "player_1": TabularPolicy(["p1a1"])}
+    rates = {}
+    for mode in ("end", "random"):
+        env = tiny_hanabi("E", text=True, on_illegal=mode)
+        roots = grow_trees(env, policies, [0, 1, 2], num_samples=2, num_turns=2, seed=0)
+        rates[mode] = illegal_rates(roots, "train")
+        children = [c for root in roots for c in root.children]
+        if mode == "end":
+            assert children and all(c is None for c in children)
+        else:
+            assert len(children) == 6 and all(c.agents == ["player_1"] for c in children)
+            assert all(r == -1.0 for root in roots for r in root.rewards)  # player 0's move pays 0, plus the penalty
+    assert rates["end"] == {"train/player_0/illegal_rate": 1.0}
+    assert rates["random"] == {"train/player_0/illegal_rate": 1.0, "train/player_1/illegal_rate": 0.0}
+
+
 def test_text_prompts_name_the_legal_moves_and_answers_are_parsed():
     env = make("Hanabi-Small-v0", text=True)
     obs, infos = env.reset(options={"index": 0})

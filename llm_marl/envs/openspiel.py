@@ -1,7 +1,8 @@
 """OpenSpielEnv: a cooperative OpenSpiel game as a PettingZoo parallel environment.
 
-``OpenSpielEnv(game, params=None, *, observation_type=None, text=False, illegal_reward=None,
-num_items=1000, split="train", render_mode=None, common_payoff=None)`` needs the optional
+``OpenSpielEnv(game, params=None, *, observation_type=None, text=False, on_illegal="end",
+illegal_reward=None, illegal_penalty=None, num_items=1000, split="train", render_mode=None,
+common_payoff=None)`` needs the optional
 ``open-spiel`` package (``pip install llm_marl[games]``).
 
 =====================  ====================================================================
@@ -29,10 +30,18 @@ Actions                ``Discrete(num_distinct_actions)`` (``text=True``: any st
 Legal moves            infos: ``"legal_moves"`` (names), ``"legal_actions"`` (ids) and
                        ``"action_mask"`` (a tuple of 0/1 per action id; all 0 for an agent that
                        does not act); :meth:`action_mask` gives it as a numpy array
-Illegal answers        an illegal or unparsable answer ends the episode at once with reward
-                       ``illegal_reward`` (default: the game's minimum utility) for every agent;
-                       ``reward_details["illegal"]`` names the agents that played one (the
-                       learners log ``train/<agent>/illegal_rate`` from it). Never an exception
+Illegal answers        ``on_illegal="end"`` (the default): an illegal or unparsable answer ends
+                       the episode at once with reward ``illegal_reward`` (default: the game's
+                       minimum utility) for every agent. ``on_illegal="random"``: the game goes
+                       on; a legal move drawn at random (uniformly, from a stream keyed by the
+                       item, the moves so far and the player, so branches and resumes draw the
+                       same one) is played in its place, and the step's shared reward is the
+                       game's reward plus ``illegal_penalty`` (default -1) per illegal answer.
+                       Either way ``reward_details["illegal"]`` names the agents that answered
+                       illegally (the learners log ``train/<agent>/illegal_rate`` from it), and
+                       ``reward_details["moves"]`` gives each acting agent's move played (the
+                       substitute, for an illegal answer in "random" mode; None where the
+                       episode ended). Never an exception
 Rewards                per step, the change in the (shared) returns; one float, equal for all
 Chance                 chance outcomes are drawn by the env, never by the game: from a random
                        stream keyed by the episode's item and the history of actions so far,
@@ -47,7 +56,8 @@ Render modes           ``"ansi"``: the game state as text
 
 Registered ids (``llm_marl.envs.make``): ``TinyHanabi-A-v0`` … ``TinyHanabi-F-v0`` (the Tiny
 Hanabi suite's payoffs, :data:`TINY_HANABI`), ``Hanabi-Small-v0`` (2 players, 2 colours, 5 ranks,
-hand size 2, 3 information tokens, 1 life), ``CoopBoxPushing-v0``, ``TradeComm-v0`` and
+hand size 2, 3 information tokens, 1 life), ``Hanabi-Small-RandomOnIllegal-v0`` (the same
+with ``on_illegal="random"``), ``CoopBoxPushing-v0``, ``TradeComm-v0`` and
 ``make("OpenSpiel-v0", game=NAME, params={...})`` for any other game.
 """
 
@@ -90,6 +100,8 @@ TINY_HANABI: dict[str, tuple[list, float]] = {
         7 / 3,
     ),
 }
+
+ON_ILLEGAL = ("end", "random")  # what an illegal or unparsable answer does (module docstring)
 
 HANABI_SMALL = {"players": 2, "colors": 2, "ranks": 5, "hand_size": 2, "max_information_tokens": 3, "max_life_tokens": 1}
 
@@ -134,7 +146,9 @@ class OpenSpielEnv(ParallelEnv):
         *,
         observation_type: str | None = None,
         text: bool = False,
+        on_illegal: str = "end",
         illegal_reward: float | None = None,
+        illegal_penalty: float | None = None,
         num_items: int = 1000,
         split: str = "train",
         render_mode: str | None = None,
@@ -173,7 +187,15 @@ class OpenSpielEnv(ParallelEnv):
             raise ValueError(f"num_items must be >= 1, got {num_items}")
         self.observation_type = observation_type
         self.text = bool(text)
+        if on_illegal not in ON_ILLEGAL:
+            raise ValueError(f"on_illegal must be one of {list(ON_ILLEGAL)}, got {on_illegal!r}")
+        if on_illegal == "end" and illegal_penalty is not None:
+            raise ValueError("illegal_penalty goes with on_illegal='random'; with 'end' an illegal answer's reward is illegal_reward")
+        if on_illegal == "random" and illegal_reward is not None:
+            raise ValueError("illegal_reward goes with on_illegal='end'; with 'random' the step's reward gets illegal_penalty added")
+        self.on_illegal = on_illegal
         self.illegal_reward = float(game.min_utility() if illegal_reward is None else illegal_reward)
+        self.illegal_penalty = float(-1.0 if illegal_penalty is None else illegal_penalty)
         self.num_items = int(num_items)
         self.split = split
         self.render_mode = render_mode
@@ -245,12 +267,15 @@ class OpenSpielEnv(ParallelEnv):
             action = self.parse(actions[agent], player)
             if action is None:
                 illegal.append(agent)
+                if self.on_illegal == "random":
+                    action = self._substitute(player)
+            if action is None:
                 moves[agent] = None
             else:
                 chosen[agent] = action
                 moves[agent] = self.state.action_to_string(player, action)
         agents = list(self.agents)
-        if illegal:
+        if illegal and self.on_illegal == "end":
             rewards = {a: self.illegal_reward for a in agents}
             self._ended = True
         else:
@@ -266,7 +291,7 @@ class OpenSpielEnv(ParallelEnv):
                     f"OpenSpiel game {self.game_name!r}, item {self.item_index}: players got different rewards {delta.tolist()}; "
                     "OpenSpielEnv plays common-payoff games only"
                 )
-            rewards = {a: float(delta[0]) for a in agents}
+            rewards = {a: float(delta[0]) + self.illegal_penalty * len(illegal) for a in agents}
             self._ended = self.state.is_terminal()
         details = {"illegal": illegal, "moves": moves}
         observations = self._observations() if not self._ended else {a: "" for a in agents}
@@ -380,6 +405,13 @@ class OpenSpielEnv(ParallelEnv):
             probabilities = np.asarray([p for _, p in outcomes], dtype=float)
             pick = rng.choice(len(outcomes), p=probabilities / probabilities.sum())
             self.state.apply_action(outcomes[int(pick)][0])
+
+    def _substitute(self, player: int) -> int:
+        """A legal move of ``player`` drawn uniformly from the stream keyed by (split, item,
+        history, player): the move played for an illegal answer with ``on_illegal="random"``."""
+        legal = list(self.state.legal_actions(player))
+        rng = np.random.default_rng(_stream_seed("illegal", self.split, self.item_index, tuple(self.state.history()), player))
+        return legal[int(rng.integers(len(legal)))]
 
     def _observation(self, agent: str) -> str:
         player = self.possible_agents.index(agent)

@@ -101,6 +101,7 @@ SHIPPED: dict[str, tuple[str, dict[str, Any]]] = {
 GAMES: dict[str, tuple[str, dict[str, Any]]] = {
     **{f"TinyHanabi-{g}-v0": ("llm_marl.envs.openspiel:tiny_hanabi", {"game": g}) for g in "ABCDEF"},
     "Hanabi-Small-v0": ("llm_marl.envs.openspiel:hanabi_small", {}),
+    "Hanabi-Small-RandomOnIllegal-v0": ("llm_marl.envs.openspiel:hanabi_small", {"on_illegal": "random"}),
     "CoopBoxPushing-v0": ("llm_marl.envs.openspiel:coop_box_pushing", {}),
     "TradeComm-v0": ("llm_marl.envs.openspiel:trade_comm", {}),
     "OpenSpiel-v0": ("llm_marl.envs.openspiel:OpenSpielEnv", {}),
