@@ -69,6 +69,48 @@ class Assembled:
     """What was built, one line each (the command prints them)."""
 
 
+POLICY_KINDS = ("tabular", "lm")
+"""The policy kinds :func:`make_policies` builds: a tabular policy per agent, or language models."""
+
+
+def make_policies(
+    kind: str,
+    agents: Sequence[str],
+    args: Any,
+    *,
+    env: Any = None,
+    env_id: str | None = None,
+    actions: Any = None,
+    model: Any = "tiny",
+    tokenizer: Any = None,
+    model_config: dict[str, Any] | None = None,
+    system_prompt: str | None = None,
+    chat_template: bool | None = ...,  # type: ignore[assignment]
+    explicit: set[str] | None = None,
+    label: str = "--model",
+    quiet: bool = False,
+) -> Assembled:
+    """The policies of ``agents``: the one path the ``llm-marl`` command and the CoMLRL-style
+    constructor both build them through. ``kind="tabular"``: one
+    :class:`~llm_marl.policies.tabular.TabularPolicy` per agent of ``env`` (:func:`tabular_policies`;
+    no tokenizers); ``kind="lm"``: language models from the source ``model``
+    (:func:`build_policies`, which the other keywords go to); ``quiet``: hush the model hub's
+    download messages first."""
+    if kind == "tabular":
+        policies = tabular_policies(env, actions, env_id)
+        return Assembled(policies, [None] * len(policies))
+    if kind != "lm":
+        raise AssemblyError(f"unknown --policy {kind!r}; choose {' or '.join(POLICY_KINDS)}")
+    if getattr(args, "lora_r", None) is not None and (isinstance(model, list) or (isinstance(model, str) and "," in model)):
+        raise AssemblyError(f"--lora_r: the agents are adapters of ONE base model; give one {label}, not {model!r}")
+    if quiet:
+        quiet_downloads()
+    return build_policies(
+        agents, model, args, tokenizer=tokenizer, model_config=model_config, system_prompt=system_prompt,
+        chat_template=chat_template, explicit=explicit, label=label,
+    )
+
+
 def build_policies(
     agents: Sequence[str],
     model: Any,

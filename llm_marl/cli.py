@@ -450,17 +450,11 @@ def _import_modules(names: Sequence[str]) -> None:
 
 
 def _make_policies(options: dict[str, Any], env: Any, args: Any, explicit: set[str] | None = None) -> list[Any]:
-    kind = options.get("policy", "tabular")
-    if kind == "tabular":
-        return assembly.tabular_policies(env, options.get("actions"), options["env"])
-    if kind != "lm":
-        raise UsageError(f"unknown --policy {kind!r}; choose tabular or lm")
-    model = options.get("model") or "tiny"
-    if args.lora_r is not None and (isinstance(model, list) or "," in str(model)):
-        raise UsageError(f"--lora_r: the agents are adapters of ONE base model; give one --model, not {model!r}")
-    assembly.quiet_downloads()
-    built = assembly.build_policies(
-        env.possible_agents, model, args, system_prompt=options.get("system_prompt"), explicit=explicit
+    """The run's policies, built by :func:`llm_marl.assembly.make_policies`; its lines are printed."""
+    built = assembly.make_policies(
+        options.get("policy", "tabular"), env.possible_agents, args, env=env, env_id=options["env"],
+        actions=options.get("actions"), model=options.get("model") or "tiny",
+        system_prompt=options.get("system_prompt"), explicit=explicit, quiet=True,
     )
     for line in built.lines:
         print(f"llm-marl: {line}")

@@ -4,7 +4,7 @@ A script written for CoMLRL's ``MAGRPOTrainer(agent_model=..., reward_func=..., 
 train_dataset=..., args=...)`` runs here after changing only its imports. The keywords are turned
 into a :class:`~llm_marl.tasks.FunctionTask`, a :class:`~llm_marl.envs.DialogueEnv` per split and
 one :class:`~llm_marl.policies.CausalLMPolicy` per agent, so rollouts take the same code path as
-the env-native constructor. The policies are built by :func:`llm_marl.assembly.build_policies`,
+the env-native constructor. The policies are built by :func:`llm_marl.assembly.make_policies`,
 as the ``llm-marl`` command builds its own: a model source means the same in both.
 
 Choices where the anchor library is silent or differs:
@@ -64,7 +64,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from llm_marl.assembly import Assembled, build_policies
+from llm_marl.assembly import Assembled, make_policies
 from llm_marl.envs.dialogue import DialogueEnv
 from llm_marl.runs.run_dir import default_run_dir
 from llm_marl.tasks.function_task import FunctionTask
@@ -236,13 +236,14 @@ def _model_name(model: Any) -> str:
 
 def anchor_policies(args: Any, model: Any, tokenizer: Any, model_config: dict[str, Any] | None, count: int) -> Assembled:
     """The policies of agents ``agent_0 ... agent_{count-1}`` from the model keywords
-    (:func:`llm_marl.assembly.build_policies`); prompts are the formatters' raw text unless
+    (:func:`llm_marl.assembly.make_policies`); prompts are the formatters' raw text unless
     ``model_config["chat_template"]`` says otherwise."""
     config = dict(model_config or {})
-    return build_policies(
+    return make_policies(
+        "lm",
         [f"agent_{i}" for i in range(count)],
-        model,
         args,
+        model=model,
         tokenizer=tokenizer,
         model_config=config,
         chat_template=config.get("chat_template", False),  # CoMLRL sends the formatters' raw text
@@ -280,7 +281,7 @@ class CoMLRLTrain:
         checkpoint_interval: int = 1,
         checkpoint_total_limit: int | None = None,
     ) -> Any:
-        """Train (see :meth:`llm_marl.learners.reinforce.MAGRPOTrainer.train`).
+        """Train (see :meth:`llm_marl.learners.reinforce.trainer.MAGRPOTrainer.train`).
 
         ``checkpoint_total_limit`` sets ``save_total_limit``. CoMLRL's epoch-based
         ``checkpoint_dir`` / ``checkpoint_interval`` have no counterpart: checkpoints go to
