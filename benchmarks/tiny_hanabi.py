@@ -40,8 +40,8 @@ from machine import print_machine  # noqa: E402
 
 from llm_marl.envs.openspiel import TINY_HANABI, tiny_hanabi  # noqa: E402
 from llm_marl.learners import IACConfig, IACTrainer, MAGRPOConfig, MAGRPOTrainer  # noqa: E402
-from llm_marl.learners.config import MAREINFORCEConfig  # noqa: E402
-from llm_marl.learners.reinforce import MAREINFORCETrainer  # noqa: E402
+from llm_marl.learners.reinforce.config import MAREINFORCEConfig  # noqa: E402
+from llm_marl.learners.reinforce.trainer import MAREINFORCETrainer  # noqa: E402
 from llm_marl.policies.tabular import TabularPolicy  # noqa: E402
 
 

@@ -26,7 +26,7 @@ import time
 
 from llm_marl.envs.dialogue import DialogueEnv
 from llm_marl.learners.config import MAGRPOConfig
-from llm_marl.learners.reinforce import MAGRPOTrainer
+from llm_marl.learners.reinforce.trainer import MAGRPOTrainer
 from llm_marl.policies.causal_lm import CausalLMPolicy
 from llm_marl.tasks.code import CoopCodeTask, eval_aggregator, eval_logger
 

@@ -13,7 +13,7 @@ import importlib.abc
 import importlib.util
 import sys
 import warnings
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 
 class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
@@ -36,3 +36,21 @@ class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 def alias_modules(moved: Mapping[str, str]) -> None:
     """Make each old dotted name in ``moved`` import the module at its new name (with a warning)."""
     sys.meta_path.insert(0, _MovedModules(moved))
+
+
+def forward_old_names(package: str, home: str, getattr_: Callable[[str], Any]) -> Callable[[str], Any]:
+    """``__getattr__`` for a package that took the name of a module that moved into it as ``home``:
+    its own names first (``getattr_``), then any other name of the old module, with a warning."""
+
+    def forwarded(name: str) -> Any:
+        try:
+            return getattr_(name)
+        except AttributeError:
+            module = importlib.import_module(home)
+            if name.startswith("__") or not hasattr(module, name):
+                raise
+        warnings.warn(f"{package}.{name} moved to {home}.{name}; import it from {home} (the old path will be removed)",
+                      DeprecationWarning, stacklevel=2)
+        return getattr(module, name)
+
+    return forwarded

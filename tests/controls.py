@@ -18,7 +18,7 @@ import random
 from contextlib import contextmanager
 from typing import Iterator
 
-import llm_marl.learners.reinforce as reinforce
+import llm_marl.learners.reinforce.trainer as reinforce
 
 
 @contextmanager

@@ -17,7 +17,7 @@ torch.set_num_threads(1)
 
 from llm_marl.envs.dialogue import DialogueEnv  # noqa: E402
 from llm_marl.learners import IACConfig, IACTrainer, MAACConfig, MAACTrainer  # noqa: E402
-from llm_marl.learners.actor_critic import ACSample  # noqa: E402
+from llm_marl.learners.actor_critic.trainer import ACSample  # noqa: E402
 from llm_marl.learners.tree import collect_trees  # noqa: E402
 from llm_marl.policies.base import Completion  # noqa: E402
 from llm_marl.policies.critic import joint_observation  # noqa: E402

@@ -22,7 +22,7 @@ from transformers import AutoModelForCausalLM  # noqa: E402
 from llm_marl import IACConfig, IACTrainer, MAACConfig, MAACTrainer  # noqa: E402
 from llm_marl.cli import main  # noqa: E402
 from llm_marl.envs.dialogue import DialogueEnv  # noqa: E402
-from llm_marl.learners.advantages import k3_kl  # noqa: E402
+from llm_marl.advantages import k3_kl  # noqa: E402
 from llm_marl.policies.base import token_log_probs_of  # noqa: E402
 from llm_marl.policies.lm_critic import CausalLMCritic  # noqa: E402
 from llm_marl.policies.tabular import TabularPolicy  # noqa: E402

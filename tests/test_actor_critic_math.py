@@ -32,8 +32,8 @@ import torch
 
 torch.set_num_threads(1)
 
-from llm_marl.learners import actor_critic_math as acm  # noqa: E402
-from llm_marl.learners.advantages import k3_kl, sample_losses, should_stop  # noqa: E402
+from llm_marl.learners.actor_critic import math as acm  # noqa: E402
+from llm_marl.advantages import k3_kl, sample_losses, should_stop  # noqa: E402
 
 
 def test_t1_single_turn_targets_and_advantages():

@@ -17,8 +17,8 @@ torch.set_num_threads(1)
 
 from llm_marl.envs.dialogue import DialogueEnv  # noqa: E402
 from llm_marl.learners import IACConfig, IACTrainer, MAACConfig, MAACTrainer  # noqa: E402
-from llm_marl.learners import actor_critic_math as acm  # noqa: E402
-from llm_marl.learners.actor_critic import rollout_samples  # noqa: E402
+from llm_marl.learners.actor_critic import math as acm  # noqa: E402
+from llm_marl.learners.actor_critic.trainer import rollout_samples  # noqa: E402
 from llm_marl.policies.tabular import TabularPolicy  # noqa: E402
 from toy_tasks import Scheduled  # noqa: E402
 

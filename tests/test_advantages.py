@@ -23,7 +23,7 @@ import torch
 
 torch.set_num_threads(1)
 
-from llm_marl.learners.advantages import (  # noqa: E402
+from llm_marl.advantages import (  # noqa: E402
     agent_returns,
     discounted_return,
     group_advantages,

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 torch.set_num_threads(1)
 
-from llm_marl.learners.reward_model import JointRewardModel, JointText  # noqa: E402
+from llm_marl.learners.preference.reward_model import JointRewardModel, JointText  # noqa: E402
 from llm_marl.policies.base import Completion  # noqa: E402
 from llm_marl.policies.causal_lm import CausalLMPolicy  # noqa: E402
 from llm_marl.policies.critic import joint_observation  # noqa: E402

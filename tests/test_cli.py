@@ -143,7 +143,7 @@ def test_run_failure_exits_1_and_debug_shows_the_traceback(tmp_path, capsys):
     class Boom(Exception):
         pass
 
-    from llm_marl.learners.reinforce import MAGRPOTrainer
+    from llm_marl.learners.reinforce.trainer import MAGRPOTrainer
 
     def fail(self, resume_from_checkpoint=None):
         raise Boom("the reward server is down")

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from llm_marl.learners.config import MAGRPOConfig, MARLOOConfig
+from llm_marl.learners.config import MAGRPOConfig
+from llm_marl.learners.reinforce.config import MARLOOConfig
 from llm_marl.learners.config_docs import field_docs, field_sections
 from llm_marl.learners.config_types import ConfigTypeError, coerce_mapping, coerce_value, field_types
 

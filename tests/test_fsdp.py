@@ -52,7 +52,7 @@ import torch
 
 from llm_marl.envs import DialogueEnv
 from llm_marl.learners import IACConfig, IACTrainer, MAACConfig, MAACTrainer, MADPOConfig, MADPOTrainer, MAGRPOConfig, MAGRPOTrainer
-from llm_marl.learners.reward_model import MARLHFConfig, MARLHFTrainer
+from llm_marl.learners.preference.reward_model import MARLHFConfig, MARLHFTrainer
 from llm_marl.policies.base import Completion
 from llm_marl.policies.causal_lm import CausalLMPolicy
 from llm_marl.policies.lora_team import AdapterPolicy, LoRATeam

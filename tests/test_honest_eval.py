@@ -21,7 +21,7 @@ from pettingzoo import ParallelEnv  # noqa: E402
 
 from llm_marl.envs import DialogueEnv  # noqa: E402
 from llm_marl.learners.config import MAGRPOConfig  # noqa: E402
-from llm_marl.learners.reinforce import MAGRPOTrainer  # noqa: E402
+from llm_marl.learners.reinforce.trainer import MAGRPOTrainer  # noqa: E402
 from llm_marl.policies.scripted import ScriptedPolicy  # noqa: E402
 from llm_marl.policies.tabular import TabularPolicy  # noqa: E402
 from llm_marl.tasks import CooperativeTask  # noqa: E402

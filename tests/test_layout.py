@@ -253,25 +253,38 @@ def test_the_code_tasks_old_module_level_names_still_import():
         register_envs()
 
 
-# --- the rooms: learners/ holds the algorithms, runs/ what a run leaves behind ----------------------
+# --- the rooms: learners/ by family beside the shared core, runs/ what a run leaves behind ------------
 
-LEARNERS_FILES = {
-    "__init__", "config", "actor_critic_config", "config_types", "config_docs",  # configs
-    "tree", "buffer", "advantages", "actor_critic_math", "preference_math",  # trees, buffers, pure math
-    "reinforce", "update", "evaluation", "actor_critic", "preference", "preference_iter", "reward_model",
-    "centralized", "checks",  # trainers
+LEARNERS_CORE = {"__init__", "config", "config_types", "config_docs", "tree", "buffer", "update", "evaluation", "checks"}
+FAMILIES = {
+    "reinforce": {"__init__", "trainer", "config", "centralized"},
+    "actor_critic": {"__init__", "trainer", "config", "math"},
+    "preference": {"__init__", "madpo", "iterative", "math", "reward_model"},
 }
-TRAINERS = {"reinforce", "update", "evaluation", "actor_critic", "preference", "preference_iter", "reward_model", "centralized"}
 MOVED = {f"llm_marl.learners.{m}": f"llm_marl.runs.{m}"
          for m in ("checkpoint", "distributed", "interrupt", "logging", "recording", "run_dir", "run_folder")}
 MOVED["llm_marl.learners.anchor_compat"] = "llm_marl.comlrl.anchor_compat"
 MOVED["llm_marl.envs.plugins"] = "llm_marl.envs.registry"  # registry and plugins are one module
+MOVED.update({  # issue 38: the learners by family, the advantage math down a floor
+    "llm_marl.learners.advantages": "llm_marl.advantages",
+    "llm_marl.learners.centralized": "llm_marl.learners.reinforce.centralized",
+    "llm_marl.learners.actor_critic_config": "llm_marl.learners.actor_critic.config",
+    "llm_marl.learners.actor_critic_math": "llm_marl.learners.actor_critic.math",
+    "llm_marl.learners.preference_iter": "llm_marl.learners.preference.iterative",
+    "llm_marl.learners.preference_math": "llm_marl.learners.preference.math",
+    "llm_marl.learners.reward_model": "llm_marl.learners.preference.reward_model",
+})
+TOOK_THE_NAME = {  # family packages named like the module that moved into them: old names forward
+    "llm_marl.learners.reinforce": ("llm_marl.learners.reinforce.trainer", ("MAGRPOTrainer", "default_optimizer", "_num_items")),
+    "llm_marl.learners.actor_critic": ("llm_marl.learners.actor_critic.trainer", ("IACTrainer", "ActorCriticTrainerBase", "RolloutSample")),
+    "llm_marl.learners.preference": ("llm_marl.learners.preference.madpo", ("MADPOTrainer", "PreferenceSample", "centralize_if_asked")),
+}
 
 
 def test_the_trainer_reads_as_its_loop():
     """MAGRPOTrainer keeps the loop; the update, evaluation, run folder, checkpoints and metric
     flushing live in their own modules (issue 26: under ~350 lines)."""
-    source = (PACKAGE_ROOT / "learners" / "reinforce.py").read_text("utf-8")
+    source = (PACKAGE_ROOT / "learners" / "reinforce" / "trainer.py").read_text("utf-8")
     tree = ast.parse(source)
     trainer = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "MAGRPOTrainer")
     assert trainer.end_lineno - trainer.lineno + 1 <= 350
@@ -279,18 +292,57 @@ def test_the_trainer_reads_as_its_loop():
     assert not names & {"_claim_run_folder", "_stop_on_signal", "_hook_metrics", "_joint_optimizer_step"}
 
 
-def test_learners_holds_only_configs_trees_buffers_math_and_trainers():
-    present = {p.stem for p in (PACKAGE_ROOT / "learners").glob("*.py")}
-    assert present - LEARNERS_FILES == set()
-    assert not [p for p in (PACKAGE_ROOT / "learners").iterdir() if p.is_dir() and p.name != "__pycache__"]
+def test_learners_holds_the_shared_core_and_one_folder_per_family():
+    learners = PACKAGE_ROOT / "learners"
+    assert {p.stem for p in learners.glob("*.py")} - LEARNERS_CORE == set()
+    assert {p.name for p in learners.iterdir() if p.is_dir() and p.name != "__pycache__"} == set(FAMILIES)
+    for family, files in FAMILIES.items():
+        assert {p.stem for p in (learners / family).glob("*.py")} - files == set(), family
+        assert not [p for p in (learners / family).iterdir() if p.is_dir() and p.name != "__pycache__"], family
 
 
-def test_runs_never_imports_a_trainer():
+def test_the_shared_core_imports_no_family():
+    graph = import_graph(PACKAGE_ROOT, module_level_only=False)
+    assert "llm_marl.learners.reinforce.trainer" in graph["llm_marl.learners.actor_critic.trainer"]  # families build on each other ...
+    core = {f"llm_marl.learners.{m}" for m in LEARNERS_CORE - {"__init__"}}
+    families = tuple(f"llm_marl.learners.{f}" for f in FAMILIES)
+    assert {f"{a} -> {b}" for a in core for b in graph[a] if b.startswith(families)} == set()  # ... never the core on them
+
+
+def test_runs_imports_nothing_from_learners():
     graph = import_graph(PACKAGE_ROOT, module_level_only=False)
     runs = {name: targets for name, targets in graph.items() if name.startswith("llm_marl.runs")}
-    assert "llm_marl.runs.checkpoint" in runs and "llm_marl.learners.buffer" in runs["llm_marl.runs.checkpoint"]
-    trainers = {f"llm_marl.learners.{t}" for t in TRAINERS}
-    assert {f"{a} -> {b}" for a, targets in runs.items() for b in targets if b in trainers} == set()
+    assert "llm_marl.rollouts" in runs["llm_marl.runs.checkpoint"]  # what both need lives a floor below
+    assert {"llm_marl.rollouts", "llm_marl.advantages"} <= runs["llm_marl.runs.recording"]
+    assert {f"{a} -> {b}" for a, targets in runs.items() for b in targets if b.startswith("llm_marl.learners")} == set()
+    below = {"llm_marl.rollouts", "llm_marl.advantages"}
+    assert {f"{a} -> {b}" for a in below for b in graph[a] if b.startswith(("llm_marl.learners", "llm_marl.runs"))} == set()
+
+
+@pytest.mark.parametrize("package", sorted(TOOK_THE_NAME))
+def test_a_family_package_forwards_the_old_modules_other_names_with_a_warning(package, recwarn):
+    home, names = TOOK_THE_NAME[package]
+    old, new = importlib.import_module(package), importlib.import_module(home)
+    public, *others = names
+    assert getattr(old, public) is getattr(new, public)  # the family's own name: no warning
+    assert not [w for w in recwarn if issubclass(w.category, DeprecationWarning)]
+    for name in others:
+        with pytest.warns(DeprecationWarning, match=f"{package}.{name} moved to {home}.{name}"):
+            assert getattr(old, name) is getattr(new, name)
+    with pytest.raises(AttributeError):
+        old.no_such_name
+
+
+def test_the_reinforce_variants_old_config_path_warns_and_gives_the_same_class():
+    import llm_marl.learners.config as shared
+    import llm_marl.learners.reinforce.config as reinforce_config
+
+    for name in ("MAREINFORCEConfig", "MARLOOConfig", "MAReMaxConfig"):
+        with pytest.warns(DeprecationWarning, match=f"{name} moved to llm_marl.learners.reinforce.config"):
+            assert getattr(shared, name) is getattr(reinforce_config, name)
+    assert reinforce_config.MAGRPOConfig is shared.MAGRPOConfig  # one base, re-exported by the family
+    with pytest.raises(AttributeError):
+        shared.NoSuchConfig
 
 
 @pytest.mark.parametrize("old, new", sorted(MOVED.items()))
@@ -326,15 +378,25 @@ def imported_modules(path: Path) -> set[str]:
 
 
 def test_the_cli_parses_and_prints_while_assembly_builds_the_models():
-    names = imported_modules(PACKAGE_ROOT / "cli.py")
+    path = PACKAGE_ROOT / "cli.py"
+    names = imported_modules(path)
     assert "llm_marl.assembly" in names
     assert {n for n in names if n in MODEL_BUILDERS or n.startswith("transformers.")} == set()
+    # no policy class and no builder but the one path: the model list (`llm-marl models`) only
+    policies = {n for n in names if n.startswith("llm_marl.policies")}
+    assert policies - {"llm_marl.policies"} and all(n.startswith("llm_marl.policies.models") for n in policies - {"llm_marl.policies"})
+    assert {n for n in names if n.startswith("llm_marl.assembly.") and n != "llm_marl.assembly.SAMPLING_FIELDS"} == set()
+    called = {n.func.attr for n in ast.walk(ast.parse(path.read_text("utf-8"))) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)}
+    assert "make_policies" in called
+    assert called & {"build_policies", "tabular_policies", "quiet_downloads", "TabularPolicy", "CausalLMPolicy", "LoRATeam"} == set()
 
 
 def test_the_drop_in_constructor_builds_its_policies_through_assembly():
     path = PACKAGE_ROOT / "comlrl" / "anchor_compat.py"
-    assert "llm_marl.assembly" in imported_modules(path)
+    assert "llm_marl.assembly.make_policies" in imported_modules(path)
+    assert "llm_marl.assembly.build_policies" not in imported_modules(path)
     calls = [n.func for n in ast.walk(ast.parse(path.read_text("utf-8"))) if isinstance(n, ast.Call)]
-    builders = {"CausalLMPolicy", "LoRATeam", "AutoModelForCausalLM", "AutoTokenizer"}
+    builders = {"CausalLMPolicy", "LoRATeam", "AutoModelForCausalLM", "AutoTokenizer", "build_policies", "TabularPolicy"}
     named = {f.id for f in calls if isinstance(f, ast.Name)} | {f.value.id for f in calls if isinstance(f, ast.Attribute) and isinstance(f.value, ast.Name)}
     assert named & builders == set()
+    assert "make_policies" in named

@@ -23,13 +23,13 @@ from pettingzoo import ParallelEnv  # noqa: E402
 
 from llm_marl.envs import DialogueEnv, make  # noqa: E402
 from llm_marl.runs import logging as run_logging  # noqa: E402
-from llm_marl.learners.config import (  # noqa: E402
+from llm_marl.learners.reinforce.config import (  # noqa: E402
     MAGRPOConfig,
     MAREINFORCEConfig,
     MARLOOConfig,
     MAReMaxConfig,
 )
-from llm_marl.learners.reinforce import (  # noqa: E402
+from llm_marl.learners.reinforce.trainer import (  # noqa: E402
     MAGRPOTrainer,
     MAREINFORCETrainer,
     MARLOOTrainer,

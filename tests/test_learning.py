@@ -33,7 +33,7 @@ import torch
 torch.set_num_threads(1)
 
 from llm_marl.envs import make  # noqa: E402
-from llm_marl.learners.reinforce import (  # noqa: E402
+from llm_marl.learners.reinforce.trainer import (  # noqa: E402
     MAGRPOTrainer,
     MAREINFORCETrainer,
     MARLOOTrainer,

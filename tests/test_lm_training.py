@@ -20,10 +20,10 @@ import torch
 torch.set_num_threads(1)
 
 from llm_marl.envs import DialogueEnv  # noqa: E402
-from llm_marl.learners.advantages import k3_kl, policy_gradient_loss  # noqa: E402
+from llm_marl.advantages import k3_kl, policy_gradient_loss  # noqa: E402
 from llm_marl.learners.buffer import Sample  # noqa: E402
 from llm_marl.learners.config import MAGRPOConfig  # noqa: E402
-from llm_marl.learners.reinforce import MAGRPOTrainer  # noqa: E402
+from llm_marl.learners.reinforce.trainer import MAGRPOTrainer  # noqa: E402
 from llm_marl.policies.base import Completion, token_log_probs_of  # noqa: E402
 from llm_marl.policies.causal_lm import CausalLMPolicy  # noqa: E402
 from llm_marl.policies.tiny import build_tiny_model  # noqa: E402

@@ -15,7 +15,7 @@ from llm_marl.learners import (
     MARLOOTrainer,
     MAReMaxTrainer,
 )
-from llm_marl.learners.advantages import k3_kl
+from llm_marl.advantages import k3_kl
 from llm_marl.learners.tree import grow_trees
 from llm_marl.policies import AdapterPolicy, CausalLMPolicy, LoRATeam, Policy
 from llm_marl.policies.tiny import build_tiny_model
@@ -183,7 +183,7 @@ def test_env_agents_are_routed_to_their_policys_adapter_whatever_the_names(model
     env's agents, or handed to the agents in another order, sample and score each agent's rows
     through that agent's own adapter (as the policy alone does); one adapter for two agents raises."""
     from llm_marl.learners.buffer import Sample
-    from llm_marl.learners.reinforce import _score_batches
+    from llm_marl.learners.reinforce.trainer import _score_batches
     from llm_marl.learners.tree import sample_agents
 
     team = team_of(model_dir, agents=("writer", "editor"), max_new_tokens=5)

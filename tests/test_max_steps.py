@@ -17,7 +17,7 @@ torch.set_num_threads(1)
 import llm_marl.learners as learners  # noqa: E402
 from llm_marl.cli import LEARNERS  # noqa: E402
 from llm_marl.envs.dialogue import DialogueEnv  # noqa: E402
-from llm_marl.learners.centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer  # noqa: E402
+from llm_marl.learners.reinforce.centralized import CentralizedMAGRPOConfig, CentralizedMAGRPOTrainer  # noqa: E402
 from llm_marl.policies.tabular import TabularPolicy  # noqa: E402
 from toy_tasks import MENU, ColourMatch  # noqa: E402
 

@@ -21,11 +21,11 @@ import torch
 
 torch.set_num_threads(1)
 
-import llm_marl.learners.preference as preference  # noqa: E402
+import llm_marl.learners.preference.madpo as preference  # noqa: E402
 from llm_marl.envs import make  # noqa: E402
 from llm_marl.envs.dialogue import DialogueEnv  # noqa: E402
-from llm_marl.learners import preference_math as pm  # noqa: E402
-from llm_marl.learners.preference import MADPOConfig, MADPOTrainer, PreferenceSample  # noqa: E402
+from llm_marl.learners.preference import math as pm  # noqa: E402
+from llm_marl.learners.preference.madpo import MADPOConfig, MADPOTrainer, PreferenceSample  # noqa: E402
 from llm_marl.learners.tree import RolloutNode  # noqa: E402
 from llm_marl.policies.base import Completion  # noqa: E402
 from llm_marl.policies.tabular import TabularPolicy  # noqa: E402

@@ -9,7 +9,7 @@ import torch
 torch.set_num_threads(1)
 
 from llm_marl.envs import make  # noqa: E402
-from llm_marl.learners.centralized import (  # noqa: E402
+from llm_marl.learners.reinforce.centralized import (  # noqa: E402
     CentralizedEnv,
     CentralizedMAGRPOConfig,
     CentralizedMAGRPOTrainer,
@@ -87,7 +87,7 @@ def test_errors_name_the_problem():
 
 
 def test_centralized_madpo_trains_one_joint_policy_on_joint_pairs():
-    from llm_marl.learners.preference import MADPOConfig, MADPOTrainer
+    from llm_marl.learners.preference.madpo import MADPOConfig, MADPOTrainer
 
     rewards = []  # measured: E[reward] 10.10 / 8.91 / 9.91 (uniform -3.44; the best joint action but (alpha, alpha) earns 7)
     for seed in range(3):
@@ -107,7 +107,7 @@ def test_centralized_madpo_trains_one_joint_policy_on_joint_pairs():
 
 
 def test_centralized_marlhf_scores_the_joint_text():
-    from llm_marl.learners.reward_model import MARLHFConfig, MARLHFTrainer
+    from llm_marl.learners.preference.reward_model import MARLHFConfig, MARLHFTrainer
 
     args = MARLHFConfig(collaboration_mode="centralized", num_train_epochs=2, preference_num_candidates=6, preference_pairs_per_sample=None,
                         pair_selection="all", reward_learning_rate=0.05, reward_num_train_epochs=5, num_generations=2, eval_interval=0,

@@ -12,7 +12,7 @@ import sys
 import torch
 
 from llm_marl.envs.dialogue import DialogueEnv
-from llm_marl.learners.preference import MADPOConfig, MADPOTrainer
+from llm_marl.learners.preference.madpo import MADPOConfig, MADPOTrainer
 from llm_marl.policies.tabular import TabularPolicy
 from toy_tasks import MENU, ColourMatch
 

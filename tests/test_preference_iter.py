@@ -19,11 +19,11 @@ import torch
 
 torch.set_num_threads(1)
 
-import llm_marl.learners.preference_iter as preference_iter  # noqa: E402
+import llm_marl.learners.preference.iterative as preference_iter  # noqa: E402
 from llm_marl.envs import make  # noqa: E402
 from llm_marl.envs.dialogue import DialogueEnv  # noqa: E402
-from llm_marl.learners import preference_math as pm  # noqa: E402
-from llm_marl.learners.preference_iter import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer  # noqa: E402
+from llm_marl.learners.preference import math as pm  # noqa: E402
+from llm_marl.learners.preference.iterative import MADPOIterConfig, MADPOIterTrainer, MARLHFIterConfig, MARLHFIterTrainer  # noqa: E402
 from llm_marl.learners.tree import RolloutNode  # noqa: E402
 from llm_marl.policies.base import Completion  # noqa: E402
 from llm_marl.policies.tabular import TabularPolicy  # noqa: E402
@@ -223,8 +223,8 @@ def test_madpo_iter_stops_at_max_steps_inside_a_round_and_resumes_exactly(tmp_pa
 def test_log_steps_never_go_back_for_every_learner(tmp_path):
     """Issue 34.6, the other learners: every metric's steps strictly increase on one x-axis."""
     from llm_marl.learners import IACConfig, IACTrainer, MAGRPOConfig, MAGRPOTrainer
-    from llm_marl.learners.preference import MADPOConfig, MADPOTrainer
-    from llm_marl.learners.reward_model import MARLHFConfig, MARLHFTrainer
+    from llm_marl.learners.preference.madpo import MADPOConfig, MADPOTrainer
+    from llm_marl.learners.preference.reward_model import MARLHFConfig, MARLHFTrainer
 
     common = dict(num_train_epochs=2, eval_interval=2, eval_num_samples=2, logging_steps=1, progress_bar=False, seed=1, num_turns=1)
     runs = [

@@ -15,8 +15,8 @@ import torch
 torch.set_num_threads(1)
 
 from llm_marl.envs.dialogue import DialogueEnv  # noqa: E402
-from llm_marl.learners.preference import MADPOConfig, MADPOTrainer  # noqa: E402
-from llm_marl.learners.reward_model import MARLHFConfig, MARLHFTrainer  # noqa: E402
+from llm_marl.learners.preference.madpo import MADPOConfig, MADPOTrainer  # noqa: E402
+from llm_marl.learners.preference.reward_model import MARLHFConfig, MARLHFTrainer  # noqa: E402
 from llm_marl.policies import LoRATeam  # noqa: E402
 from llm_marl.policies.tiny import build_tiny_model  # noqa: E402
 from llm_marl.tasks.function_task import FunctionTask  # noqa: E402
@@ -96,7 +96,7 @@ WRITING_GAIN, WRITING_CONTROL_MARGIN = 0.05, 0.04
 
 
 def writing_madpo(seed, shuffled):
-    import llm_marl.learners.preference as preference
+    import llm_marl.learners.preference.madpo as preference
     from toy_tasks import reward_blind_pairs
     from llm_marl.cli import DEFAULT_RUN, build_trainer
 

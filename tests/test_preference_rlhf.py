@@ -15,10 +15,10 @@ from torch import nn
 
 torch.set_num_threads(1)
 
-import llm_marl.learners.reward_model as reward_model  # noqa: E402
+import llm_marl.learners.preference.reward_model as reward_model  # noqa: E402
 from llm_marl.envs.dialogue import DialogueEnv  # noqa: E402
-from llm_marl.learners import preference_math as pm  # noqa: E402
-from llm_marl.learners.reward_model import JointRewardModel, MARLHFConfig, MARLHFTrainer, joint_answer_text  # noqa: E402
+from llm_marl.learners.preference import math as pm  # noqa: E402
+from llm_marl.learners.preference.reward_model import JointRewardModel, MARLHFConfig, MARLHFTrainer, joint_answer_text  # noqa: E402
 from llm_marl.policies.tabular import TabularPolicy  # noqa: E402
 from llm_marl.tasks.matrix import MatrixGame  # noqa: E402
 from toy_tasks import MENU as COLOURS, ColourMatch, reward_blind_pairs  # noqa: E402
@@ -160,7 +160,7 @@ def test_no_preference_pair_is_an_error_naming_the_cause():
 
 
 def test_rl_algorithm_iac_trains_critics_on_the_reward_models_scores():
-    from llm_marl.learners.actor_critic import ACSample, IACTrainer, MAACTrainer
+    from llm_marl.learners.actor_critic.trainer import ACSample, IACTrainer, MAACTrainer
 
     env = DialogueEnv(MatrixGame(PAYOFF, name="AdditiveGame"))
     args = MARLHFConfig(rl_algorithm="iac", num_train_epochs=1, preference_num_candidates=6, preference_pairs_per_sample=None, pair_selection="all",

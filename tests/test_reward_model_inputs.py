@@ -20,7 +20,7 @@ import torch
 torch.set_num_threads(1)
 
 from llm_marl.envs.dialogue import DialogueEnv  # noqa: E402
-from llm_marl.learners.reward_model import JointRewardModel, JointText, MARLHFConfig, MARLHFTrainer, fit_pieces  # noqa: E402
+from llm_marl.learners.preference.reward_model import JointRewardModel, JointText, MARLHFConfig, MARLHFTrainer, fit_pieces  # noqa: E402
 from llm_marl.learners.tree import collect_trees  # noqa: E402
 from llm_marl.policies.causal_lm import CausalLMPolicy  # noqa: E402
 from llm_marl.policies.tabular import TabularPolicy  # noqa: E402

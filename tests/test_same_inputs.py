@@ -18,7 +18,7 @@ torch.set_num_threads(1)
 
 from llm_marl.envs.dialogue import DialogueEnv  # noqa: E402
 from llm_marl.learners import IACConfig, IACTrainer, MAGRPOConfig, MAGRPOTrainer  # noqa: E402
-from llm_marl.learners.reward_model import MARLHFConfig, MARLHFTrainer  # noqa: E402
+from llm_marl.learners.preference.reward_model import MARLHFConfig, MARLHFTrainer  # noqa: E402
 from llm_marl.learners.tree import collect_trees  # noqa: E402
 from llm_marl.policies import scoring  # noqa: E402
 from llm_marl.policies.causal_lm import CausalLMPolicy  # noqa: E402

@@ -14,7 +14,7 @@ torch.set_num_threads(1)
 
 from llm_marl.envs import DialogueEnv, make  # noqa: E402
 from llm_marl.learners.config import MAGRPOConfig  # noqa: E402
-from llm_marl.learners.reinforce import MAGRPOTrainer  # noqa: E402
+from llm_marl.learners.reinforce.trainer import MAGRPOTrainer  # noqa: E402
 from llm_marl.learners.tree import iter_nodes  # noqa: E402
 from llm_marl.policies.scripted import ScriptedPolicy  # noqa: E402
 from llm_marl.policies.tabular import TabularPolicy  # noqa: E402

@@ -28,7 +28,7 @@ torch.set_num_threads(1)
 
 from llm_marl.envs import DialogueEnv  # noqa: E402
 from llm_marl.learners.buffer import samples_from_trees  # noqa: E402
-from llm_marl.learners.reinforce import (  # noqa: E402
+from llm_marl.learners.reinforce.trainer import (  # noqa: E402
     MAGRPOTrainer,
     MAREINFORCETrainer,
     MARLOOTrainer,

@@ -13,9 +13,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
-from llm_marl.learners.advantages import group_advantages
-from llm_marl.learners.tree import RolloutNode, iter_nodes
+from llm_marl.advantages import group_advantages
 from llm_marl.policies.base import Completion
+from llm_marl.rollouts import RolloutBuffer, RolloutNode, iter_nodes  # noqa: F401 (RolloutBuffer re-exported)
 
 KLPenalty = Callable[[str, Sequence[Any], Sequence[Completion]], list[float]]
 
@@ -97,25 +97,3 @@ def node_groups(samples: Sequence[Any], agents: Sequence[str]) -> list[list[Any]
         else:
             groups.append([sample])
     return groups
-
-
-class RolloutBuffer:
-    """A FIFO of samples for one agent."""
-
-    def __init__(self, samples: Sequence[Sample] = ()):
-        self.samples: list[Sample] = list(samples)
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def append(self, sample: Sample) -> None:
-        self.samples.append(sample)
-
-    def batches(self, batch_size: int) -> list[list[Sample]]:
-        """The buffer as consecutive mini-batches of at most ``batch_size`` samples; it keeps them
-        until :meth:`discard` (so a failed update loses nothing)."""
-        return [self.samples[start : start + batch_size] for start in range(0, len(self.samples), batch_size)]
-
-    def discard(self, count: int) -> None:
-        """Drop the ``count`` oldest samples (a mini-batch that was trained on)."""
-        del self.samples[:count]

@@ -1,6 +1,8 @@
-"""Hyperparameters of the MAREINFORCE family (docs/algorithms.md §6), one dataclass field each.
+"""The shared hyperparameters: :class:`MAGRPOConfig`, the base of every learner's config
+(docs/algorithms.md §6), one dataclass field each.
 
-The four configs share every field and differ only in the default ``advantage_mode``. Fields
+The REINFORCE variants (MAREINFORCE, MARLOO, MAReMax) differ from it only in the default
+``advantage_mode`` and live in :mod:`llm_marl.learners.reinforce.config`. Fields
 beyond the specification follow Hugging Face ``TrainingArguments`` names where one exists
 (``seed``, ``output_dir``, ``save_steps``, ``save_total_limit``, ``max_grad_norm``,
 ``weight_decay``). Invalid values raise ``ValueError`` naming the field at construction time,
@@ -17,6 +19,7 @@ it is used (:attr:`MAGRPOConfig.resolved_train_batch_size`), so
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Sequence
@@ -290,22 +293,16 @@ def _one_of(config: Any, name: str, allowed: Sequence[str]) -> None:
         raise ValueError(f"{name} must be one of {', '.join(map(repr, allowed))}; got {value!r}")
 
 
-@dataclass
-class MAREINFORCEConfig(MAGRPOConfig):
-    """MAREINFORCE: no baseline (advantage_mode="raw")."""
-
-    advantage_mode: str = "raw"
+_MOVED = ("MAREINFORCEConfig", "MARLOOConfig", "MAReMaxConfig")
 
 
-@dataclass
-class MARLOOConfig(MAGRPOConfig):
-    """MARLOO: leave-one-out baseline (advantage_mode="rloo")."""
+def __getattr__(name: str) -> Any:
+    """The REINFORCE variants' old home: they import from here for one release, with a warning."""
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import warnings
 
-    advantage_mode: str = "rloo"
-
-
-@dataclass
-class MAReMaxConfig(MAGRPOConfig):
-    """MAReMax: max baseline (advantage_mode="max")."""
-
-    advantage_mode: str = "max"
+    warnings.warn(f"{__name__}.{name} moved to llm_marl.learners.reinforce.config; import it from there "
+                  "(the old path will be removed)", DeprecationWarning, stacklevel=2)
+    # by name, not an import statement: a deprecated re-export, not a dependency of this module
+    return getattr(importlib.import_module("llm_marl.learners.reinforce.config"), name)

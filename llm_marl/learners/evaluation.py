@@ -1,6 +1,6 @@
 """Evaluation: a trainer's eval items played once each, and the metrics of a batch of trees.
 
-:func:`evaluate` is :meth:`MAGRPOTrainer.evaluate <llm_marl.learners.reinforce.MAGRPOTrainer.evaluate>`;
+:func:`evaluate` is :meth:`MAGRPOTrainer.evaluate <llm_marl.learners.reinforce.trainer.MAGRPOTrainer.evaluate>`;
 :func:`episode_metrics` gives the per-turn reward and return means that training and
 evaluation log; :func:`hook_metrics` calls the anchor library's ``eval_logger`` and
 ``eval_aggregator`` hooks.

@@ -42,79 +42,16 @@ import inspect
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import gymnasium
 import torch
 from pettingzoo import ParallelEnv
 
-from llm_marl.learners.advantages import agent_returns, discounted_return, should_stop
+from llm_marl.advantages import discounted_return, should_stop
 from llm_marl.policies.base import Completion, Policy
+from llm_marl.rollouts import RolloutNode, iter_nodes  # noqa: F401 (re-exported)
 from llm_marl.tasks.base import TaskError
-
-
-@dataclass
-class RolloutNode:
-    """One turn of one branch of a rollout tree.
-
-    ``joint[j]`` is joint action j as a tuple of answer indices, one per agent in agent order;
-    ``rewards[j]``, ``returns[j]``, ``details[j]`` and ``children[j]`` belong to it (a child is
-    None where the branch was not expanded). ``index`` is the dataset item of the tree.
-    ``error`` is set on a root whose item failed and was skipped. ``agent_rewards`` is None
-    when every agent got the same reward; where the env gave agents different rewards (only
-    grown for learners that accept them) it maps agent → one reward per joint action, and
-    ``rewards[j]`` (hence ``returns``) is the agents' mean. ``completions`` (hence
-    :attr:`agents` and the positions in ``joint``) holds only the agents that acted at this turn
-    (every agent unless the env is turn-based); ``observations`` holds every agent's.
-    """
-
-    turn: int
-    index: int
-    observations: dict[str, Any]
-    completions: dict[str, list[Completion]] = field(default_factory=dict)
-    joint: list[tuple[int, ...]] = field(default_factory=list)
-    rewards: list[float] = field(default_factory=list)
-    returns: list[float] = field(default_factory=list)
-    children: list["RolloutNode | None"] = field(default_factory=list)
-    details: list[dict[str, Any]] = field(default_factory=list)
-    cross_aggregation: str = "sum"
-    error: str | None = None
-    seed: int | None = None
-    agent_rewards: dict[str, list[float]] | None = None
-
-    @property
-    def agents(self) -> list[str]:
-        """The agents that acted at this node, in agent order."""
-        return list(self.completions)
-
-    def acts(self, agent: str) -> bool:
-        """Whether ``agent`` acted (answered) at this node."""
-        return agent in self.completions
-
-    def rewards_of(self, agent: str) -> list[float]:
-        """``agent``'s reward per joint action: ``agent_rewards[agent]`` where agents' rewards
-        differ at this node, else ``rewards``."""
-        return list(self.agent_rewards[agent]) if self.agent_rewards is not None else list(self.rewards)
-
-    def agent_returns(self, agent: str) -> list[float]:
-        """K per-answer returns of ``agent`` (docs/algorithms.md §3.7)."""
-        position = self.agents.index(agent)
-        return agent_returns(self.joint, self.returns, position, len(self.completions[agent]), self.cross_aggregation)
-
-    def nodes(self) -> Iterator["RolloutNode"]:
-        """This node and its descendants, level by level (the order they were created)."""
-        return _level_order([self])
-
-
-def iter_nodes(roots: Sequence[RolloutNode]) -> Iterator[RolloutNode]:
-    """Every node of several trees in creation order: depth by depth, trees in order."""
-    return _level_order([root for root in roots if root.error is None])
-
-
-def _level_order(level: list[RolloutNode]) -> Iterator[RolloutNode]:
-    while level:
-        yield from level
-        level = [child for node in level for child in node.children if child is not None]
 
 
 def derive_seed(*parts: Any) -> int:

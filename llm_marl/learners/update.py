@@ -1,7 +1,7 @@
 """The update: buffered samples -> mini-batches -> one all-or-nothing optimizer step of every agent.
 
 :class:`JointUpdate` is the part of every trainer that turns what the buffers hold into optimizer
-steps (mixed into :class:`~llm_marl.learners.reinforce.MAGRPOTrainer`). Its methods are the hooks
+steps (mixed into :class:`~llm_marl.learners.reinforce.trainer.MAGRPOTrainer`). Its methods are the hooks
 a learner overrides: ``_minibatches`` (how a buffer is cut), ``_loss_sum`` (an agent's loss),
 ``_team_backward`` (a team of adapters scored in one forward), ``_other_backwards`` (critics,
 reward models: what else steps with the agents). The invariant: mini-batch i of every agent is
@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 
 import torch
 
-from llm_marl.learners.advantages import sample_losses
+from llm_marl.advantages import sample_losses
 from llm_marl.learners.buffer import Sample
 from llm_marl.learners.tree import ask_team
 from llm_marl.policies.base import Policy
@@ -104,7 +104,7 @@ class JointUpdate:
 
     def _update_or_keep(self, unfinished: object) -> bool:
         """:meth:`_update`; if it raises, or stops at ``max_steps``, keep ``unfinished`` (the
-        batch, :class:`~llm_marl.learners.reinforce._UnfinishedBatch`) for the next call to
+        batch, :class:`~llm_marl.learners.reinforce.trainer._UnfinishedBatch`) for the next call to
         finish. Returns whether the update finished."""
         try:
             self._update()

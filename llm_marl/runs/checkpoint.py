@@ -2,7 +2,7 @@
 
 A checkpoint is the folder ``output_dir/checkpoint-{global_step}`` holding
 
-- ``trainer_state.json``: the :class:`~llm_marl.learners.reinforce.TrainerState`, the config and
+- ``trainer_state.json``: the :class:`~llm_marl.learners.reinforce.trainer.TrainerState`, the config and
   the run (``run_id`` of the run folder's ``run.json``, and when it was written);
 - ``agent_{i}/policy.pt`` and ``agent_{i}/optimizer.pt``: each agent's weights (policy
   ``state_dict``) and optimizer state, plus ``agent_{i}/reference.pt`` with reference KL;
@@ -292,7 +292,7 @@ def load(trainer: Any, path: str) -> None:
     weights_changed()  # every sampling copy (bf16 shadow, packs) reads the loaded weights
     _restore_rng(trainer, torch.load(os.path.join(path, "rng.pt"), weights_only=False))
     extra = torch.load(os.path.join(path, "buffers.pt"), weights_only=False)
-    from llm_marl.learners.buffer import RolloutBuffer
+    from llm_marl.rollouts import RolloutBuffer
 
     keys = {a: a for a in extra["buffers"]}  # the saved key objects: saved again, the pickle is byte-identical
     trainer.buffers = {keys.get(a, a): RolloutBuffer(extra["buffers"][a]) for a in trainer.agents}

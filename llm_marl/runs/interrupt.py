@@ -1,6 +1,6 @@
 """Stopping a training run safely on Ctrl-C (SIGINT) or SIGTERM (what schedulers send).
 
-While :meth:`~llm_marl.learners.reinforce.MAGRPOTrainer.train` runs in the main thread, the
+While :meth:`~llm_marl.learners.reinforce.trainer.MAGRPOTrainer.train` runs in the main thread, the
 first SIGINT or SIGTERM only asks it to stop: the current dataset batch finishes, a checkpoint
 is written (when the run writes one: an ``output_dir`` and ``save_final_checkpoint``), and :class:`TrainingInterrupted` is raised,
 carrying the signal, the checkpoint path and the conventional exit code (130 for SIGINT, 143

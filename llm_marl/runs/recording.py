@@ -64,8 +64,8 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from llm_marl.learners.advantages import group_advantages
-from llm_marl.learners.tree import RolloutNode, iter_nodes
+from llm_marl.advantages import group_advantages
+from llm_marl.rollouts import RolloutNode, iter_nodes
 from llm_marl.policies.base import Completion
 
 SCHEMA = "llm_marl.rollout_tree"

@@ -4,6 +4,6 @@ README's *Actor-critic learners*)."""
 
 from llm_marl.comlrl.trainers.actor_critic.iac import IACConfig, IACTrainer
 from llm_marl.comlrl.trainers.actor_critic.maac import MAACConfig, MAACTrainer
-from llm_marl.learners.actor_critic import ActorCriticTrainerBase, RolloutSample
+from llm_marl.learners.actor_critic.trainer import ActorCriticTrainerBase, RolloutSample
 
 __all__ = ["ActorCriticTrainerBase", "IACConfig", "IACTrainer", "MAACConfig", "MAACTrainer", "RolloutSample"]

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llm_marl.learners import actor_critic as _actor_critic
-from llm_marl.learners import actor_critic_config as _config
+from llm_marl.learners.actor_critic import trainer as _actor_critic
+from llm_marl.learners.actor_critic import config as _config
 from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
 
 
 @dataclass
 class IACConfig(_config.IACConfig):
-    """:class:`llm_marl.learners.actor_critic_config.IACConfig` with CoMLRL's optimizer default and units
+    """:class:`llm_marl.learners.actor_critic.config.IACConfig` with CoMLRL's optimizer default and units
     (``rollout_buffer_size`` and ``train_batch_size`` count answers)."""
 
     weight_decay: float = ADAMW_DEFAULT_WEIGHT_DECAY
@@ -25,7 +25,7 @@ class IACConfig(_config.IACConfig):
 
 
 class IACTrainer(CoMLRLTrain, _actor_critic.IACTrainer):
-    """:class:`llm_marl.learners.actor_critic.IACTrainer` with CoMLRL's ``train()`` signature."""
+    """:class:`llm_marl.learners.actor_critic.trainer.IACTrainer` with CoMLRL's ``train()`` signature."""
 
     config_class = IACConfig
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llm_marl.learners import actor_critic as _actor_critic
-from llm_marl.learners import actor_critic_config as _config
+from llm_marl.learners.actor_critic import trainer as _actor_critic
+from llm_marl.learners.actor_critic import config as _config
 from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
 
 
 @dataclass
 class MAACConfig(_config.MAACConfig):
-    """:class:`llm_marl.learners.actor_critic_config.MAACConfig` with CoMLRL's optimizer default and units
+    """:class:`llm_marl.learners.actor_critic.config.MAACConfig` with CoMLRL's optimizer default and units
     (``rollout_buffer_size`` and ``train_batch_size`` count answers)."""
 
     weight_decay: float = ADAMW_DEFAULT_WEIGHT_DECAY
@@ -25,7 +25,7 @@ class MAACConfig(_config.MAACConfig):
 
 
 class MAACTrainer(CoMLRLTrain, _actor_critic.MAACTrainer):
-    """:class:`llm_marl.learners.actor_critic.MAACTrainer` with CoMLRL's ``train()`` signature."""
+    """:class:`llm_marl.learners.actor_critic.trainer.MAACTrainer` with CoMLRL's ``train()`` signature."""
 
     config_class = MAACConfig
 

@@ -1,5 +1,5 @@
 """CoMLRL's ``comlrl.trainers.preference.iterative``: MADPOIter and MARLHFIter on
-:mod:`llm_marl.learners.preference_iter` (only ``comparator_policy="current"`` is built;
+:mod:`llm_marl.learners.preference.iterative` (only ``comparator_policy="current"`` is built;
 docs/preference.md lists the differences)."""
 
 from __future__ import annotations
@@ -9,13 +9,13 @@ from typing import Any
 
 from llm_marl.comlrl.trainers.preference.centralized import centralized_keywords, check_adapter
 from llm_marl.comlrl.trainers.preference.marlhf import CoMLRLJointText, RLPhaseKeywords
-from llm_marl.learners import preference_iter as _iter
+from llm_marl.learners.preference import iterative as _iter
 from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
 
 
 @dataclass
 class MADPOIterConfig(_iter.MADPOIterConfig):
-    """:class:`llm_marl.learners.preference_iter.MADPOIterConfig` with CoMLRL's defaults."""
+    """:class:`llm_marl.learners.preference.iterative.MADPOIterConfig` with CoMLRL's defaults."""
 
     weight_decay: float = ADAMW_DEFAULT_WEIGHT_DECAY
     """AdamW weight decay; CoMLRL's optimizer is torch AdamW with its default (0.01)."""
@@ -29,7 +29,7 @@ class MADPOIterConfig(_iter.MADPOIterConfig):
 
 @dataclass
 class MARLHFIterConfig(_iter.MARLHFIterConfig):
-    """:class:`llm_marl.learners.preference_iter.MARLHFIterConfig` with CoMLRL's optimizer default."""
+    """:class:`llm_marl.learners.preference.iterative.MARLHFIterConfig` with CoMLRL's optimizer default."""
 
     weight_decay: float = ADAMW_DEFAULT_WEIGHT_DECAY
     """AdamW weight decay; CoMLRL's optimizers are torch AdamW with its default (0.01)."""
@@ -42,7 +42,7 @@ class MARLHFIterConfig(_iter.MARLHFIterConfig):
 
 
 class MADPOIterTrainer(CoMLRLTrain, _iter.MADPOIterTrainer):
-    """:class:`llm_marl.learners.preference_iter.MADPOIterTrainer` with CoMLRL's keywords and ``train()``."""
+    """:class:`llm_marl.learners.preference.iterative.MADPOIterTrainer` with CoMLRL's keywords and ``train()``."""
 
     config_class = MADPOIterConfig
 
@@ -54,7 +54,7 @@ class MADPOIterTrainer(CoMLRLTrain, _iter.MADPOIterTrainer):
 
 
 class MARLHFIterTrainer(CoMLRLJointText, RLPhaseKeywords, CoMLRLTrain, _iter.MARLHFIterTrainer):
-    """:class:`llm_marl.learners.preference_iter.MARLHFIterTrainer` with CoMLRL's keywords,
+    """:class:`llm_marl.learners.preference.iterative.MARLHFIterTrainer` with CoMLRL's keywords,
     ``train()`` and reward-model text
     (:class:`~llm_marl.comlrl.trainers.preference.marlhf.CoMLRLJointText`); ``metrics_callback``,
     ``critic_model`` and ``critics`` go to the IAC / MAAC RL phase

@@ -1,4 +1,4 @@
-"""CoMLRL's ``comlrl.trainers.preference.madpo``: MADPO on :mod:`llm_marl.learners.preference`,
+"""CoMLRL's ``comlrl.trainers.preference.madpo``: MADPO on :mod:`llm_marl.learners.preference.madpo`,
 and CoMLRL's preference-pair records.
 
 As in CoMLRL 1.4.3, the pairs are sampled once (in the first epoch) and trained on in every epoch
@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_marl.comlrl.trainers.preference.centralized import centralized_keywords, check_adapter
-from llm_marl.learners import preference as _preference
+from llm_marl.learners.preference import madpo as _preference
 from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
 
 
@@ -44,7 +44,7 @@ class PreferencePair:
 
 @dataclass
 class MADPOConfig(_preference.MADPOConfig):
-    """:class:`llm_marl.learners.preference.MADPOConfig` with CoMLRL's defaults."""
+    """:class:`llm_marl.learners.preference.madpo.MADPOConfig` with CoMLRL's defaults."""
 
     weight_decay: float = ADAMW_DEFAULT_WEIGHT_DECAY
     """AdamW weight decay; CoMLRL's optimizer is torch AdamW with its default (0.01)."""
@@ -59,7 +59,7 @@ class MADPOConfig(_preference.MADPOConfig):
 
 
 class MADPOTrainer(CoMLRLTrain, _preference.MADPOTrainer):
-    """:class:`llm_marl.learners.preference.MADPOTrainer` with CoMLRL's keywords and ``train()``."""
+    """:class:`llm_marl.learners.preference.madpo.MADPOTrainer` with CoMLRL's keywords and ``train()``."""
 
     config_class = MADPOConfig
 

@@ -1,5 +1,5 @@
 """CoMLRL's ``comlrl.trainers.preference.marlhf``: MARLHF and its joint reward model, on
-:mod:`llm_marl.learners.reward_model` (docs/preference.md lists the differences)."""
+:mod:`llm_marl.learners.preference.reward_model` (docs/preference.md lists the differences)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_marl.comlrl.trainers.preference.centralized import centralized_keywords, check_adapter
-from llm_marl.learners import reward_model as _reward_model
+from llm_marl.learners.preference import reward_model as _reward_model
 from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
-from llm_marl.learners.reward_model import JointRewardModel
+from llm_marl.learners.preference.reward_model import JointRewardModel
 
 
 @dataclass
 class MARLHFConfig(_reward_model.MARLHFConfig):
-    """:class:`llm_marl.learners.reward_model.MARLHFConfig` with CoMLRL's optimizer default."""
+    """:class:`llm_marl.learners.preference.reward_model.MARLHFConfig` with CoMLRL's optimizer default."""
 
     weight_decay: float = ADAMW_DEFAULT_WEIGHT_DECAY
     """AdamW weight decay; CoMLRL's optimizers are torch AdamW with its default (0.01)."""
@@ -53,7 +53,7 @@ class RLPhaseKeywords:
 
 class CoMLRLJointText:
     """CoMLRL's reward-model input (mixed in before a MARLHF trainer): each agent's prompt
-    followed by its response (:func:`~llm_marl.learners.reward_model.comlrl_joint_text`), a
+    followed by its response (:func:`~llm_marl.learners.preference.reward_model.comlrl_joint_text`), a
     text too long for the model cut from the right, as CoMLRL's tokenizer call does
     (``reward_max_length``, or the model's positions when None)."""
 
@@ -66,7 +66,7 @@ class CoMLRLJointText:
 
 
 class MARLHFTrainer(CoMLRLJointText, RLPhaseKeywords, CoMLRLTrain, _reward_model.MARLHFTrainer):
-    """:class:`llm_marl.learners.reward_model.MARLHFTrainer` with CoMLRL's keywords,
+    """:class:`llm_marl.learners.preference.reward_model.MARLHFTrainer` with CoMLRL's keywords,
     ``train()`` (:class:`RLPhaseKeywords`) and reward-model text (:class:`CoMLRLJointText`)."""
 
     config_class = MARLHFConfig

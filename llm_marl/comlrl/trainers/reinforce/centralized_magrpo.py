@@ -1,5 +1,5 @@
 """CoMLRL's ``comlrl.trainers.reinforce.centralized_magrpo``: one joint actor that writes every
-role's answer, split per role for the reward, on :mod:`llm_marl.learners.centralized`.
+role's answer, split per role for the reward, on :mod:`llm_marl.learners.reinforce.centralized`.
 
 The keywords are CoMLRL's: ``centralized_adapter`` (required), ``num_agents`` (the roles, equal
 to ``args.num_agents``), ``agent_model`` or ``agents=[one model]``, ``tokenizer`` (one),
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from llm_marl.envs.dialogue import DialogueEnv
-from llm_marl.learners import centralized as _centralized
+from llm_marl.learners.reinforce import centralized as _centralized
 from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, anchor_policies, normalize_comlrl_fields
 from llm_marl.runs.run_dir import default_run_dir
 from llm_marl.tasks.function_task import FunctionTask
@@ -27,7 +27,7 @@ from llm_marl.tasks.function_task import FunctionTask
 
 @dataclass
 class CentralizedMAGRPOConfig(_centralized.CentralizedMAGRPOConfig):
-    """:class:`llm_marl.learners.centralized.CentralizedMAGRPOConfig` with CoMLRL's optimizer default."""
+    """:class:`llm_marl.learners.reinforce.centralized.CentralizedMAGRPOConfig` with CoMLRL's optimizer default."""
 
     weight_decay: float = ADAMW_DEFAULT_WEIGHT_DECAY
     """AdamW weight decay; CoMLRL's optimizer is torch AdamW with its default (0.01)."""

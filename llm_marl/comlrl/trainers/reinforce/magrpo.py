@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llm_marl.learners import config as _config
-from llm_marl.learners import reinforce as _reinforce
+from llm_marl.learners.reinforce import config as _config
+from llm_marl.learners.reinforce import trainer as _reinforce
 from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
 
 
@@ -22,7 +22,7 @@ class MAGRPOConfig(_config.MAGRPOConfig):
 
 
 class MAGRPOTrainer(CoMLRLTrain, _reinforce.MAGRPOTrainer):
-    """:class:`llm_marl.learners.reinforce.MAGRPOTrainer` with CoMLRL's ``train()`` signature."""
+    """:class:`llm_marl.learners.reinforce.trainer.MAGRPOTrainer` with CoMLRL's ``train()`` signature."""
 
     config_class = MAGRPOConfig
 

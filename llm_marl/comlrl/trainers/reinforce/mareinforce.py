@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from llm_marl.learners import config as _config
-from llm_marl.learners import reinforce as _reinforce
+from llm_marl.learners.reinforce import config as _config
+from llm_marl.learners.reinforce import trainer as _reinforce
 from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
 
 
 @dataclass
 class MAREINFORCEConfig(_config.MAREINFORCEConfig):
-    """:class:`llm_marl.learners.config.MAREINFORCEConfig` with CoMLRL's optimizer default."""
+    """:class:`llm_marl.learners.reinforce.config.MAREINFORCEConfig` with CoMLRL's optimizer default."""
 
     weight_decay: float = ADAMW_DEFAULT_WEIGHT_DECAY
     """AdamW weight decay; CoMLRL's optimizer is torch AdamW with its default (0.01)."""
@@ -22,7 +22,7 @@ class MAREINFORCEConfig(_config.MAREINFORCEConfig):
 
 
 class MAREINFORCETrainer(CoMLRLTrain, _reinforce.MAREINFORCETrainer):
-    """:class:`llm_marl.learners.reinforce.MAREINFORCETrainer` with CoMLRL's ``train()`` signature."""
+    """:class:`llm_marl.learners.reinforce.trainer.MAREINFORCETrainer` with CoMLRL's ``train()`` signature."""
 
     config_class = MAREINFORCEConfig
 

@@ -1,6 +1,6 @@
 """MADPO: multi-agent direct preference optimization on the env API (docs/preference.md).
 
-It runs the REINFORCE learners' loop (:mod:`llm_marl.learners.reinforce`: run folder, logging,
+It runs the REINFORCE learners' loop (:mod:`llm_marl.learners.reinforce.trainer`: run folder, logging,
 recorded trees, checkpoints with exact resume, distributed and adapter teams) and differs from
 it in three named pieces:
 
@@ -8,7 +8,7 @@ it in three named pieces:
   ``preference_num_candidates`` answers per agent (C joint answers aligned, C^N cross), each
   scored with the env's shared reward.
 * ``_samples``: per item, winner/loser pairs of joint answers are selected from those rewards
-  (:func:`~llm_marl.learners.preference_math.select_pairs`); each (item, agent) becomes one
+  (:func:`~llm_marl.learners.preference.math.select_pairs`); each (item, agent) becomes one
   :class:`PreferenceSample` holding the agent's answers, the pairs, and the frozen reference's
   log-probs of the answers in them (computed once, at collection).
 * ``_team_backward``: a mini-batch's loss is the mean over its pairs of the JOINT DPO loss
@@ -37,10 +37,10 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import torch
 
-from llm_marl.learners import preference_math as pm
+from llm_marl.learners.preference import math as pm
 from llm_marl.learners.buffer import Sample
 from llm_marl.learners.config import MAGRPOConfig, _at_least, _one_of, _positive
-from llm_marl.learners.reinforce import MAGRPOTrainer
+from llm_marl.learners.reinforce.trainer import MAGRPOTrainer
 from llm_marl.learners.update import _score_batches
 from llm_marl.learners.tree import RolloutNode, derive_seed, iter_nodes
 from llm_marl.policies.base import Completion, Policy
@@ -353,11 +353,11 @@ class _PairStore:
 
 def centralize_if_asked(env: Any, policies: Any, args: Any, eval_env: Any, adapter: Any, learner: str) -> tuple[Any, Any, Any, Any, Any]:
     """With ``args.collaboration_mode == "centralized"`` (env-native constructor): the env, eval
-    env, policies and config of :class:`~llm_marl.learners.centralized.Centralized`, and it (to
+    env, policies and config of :class:`~llm_marl.learners.reinforce.centralized.Centralized`, and it (to
     attach); otherwise everything as given and None."""
     if args is None or getattr(args, "collaboration_mode", "decentralized") != "centralized" or env is None:
         return env, policies, args, eval_env, None
-    from llm_marl.learners.centralized import Centralized
+    from llm_marl.learners.reinforce.centralized import Centralized
 
     if policies is None:
         raise TypeError(f"{learner}: collaboration_mode='centralized' needs policies=[the one joint policy]")
@@ -366,7 +366,7 @@ def centralize_if_asked(env: Any, policies: Any, args: Any, eval_env: Any, adapt
 
 
 def select_pairs(rewards: Sequence[float], mode: str, limit: int | None, rng: random.Random) -> list[tuple[int, int]]:
-    """:func:`~llm_marl.learners.preference_math.select_pairs` (looked up here, so a test's
+    """:func:`~llm_marl.learners.preference.math.select_pairs` (looked up here, so a test's
     control can replace it)."""
     return pm.select_pairs(rewards, mode, limit, rng)
 

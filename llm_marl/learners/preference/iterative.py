@@ -5,7 +5,7 @@ round every train item is rolled out with ``preference_num_candidates`` (C) "cur
 per agent and ``comparator_num_candidates`` (C', default C) "comparator" answers, all from the
 current policies (``comparator_policy="current"``, the only comparator built here); candidate k
 of each group forms joint answer k, and a pair compares current k with comparator k
-(:func:`~llm_marl.learners.preference_math.select_comparison_pairs`, ``pair_selection``
+(:func:`~llm_marl.learners.preference.math.select_comparison_pairs`, ``pair_selection``
 ``"comparator_reward"`` by default). The round's pairs are kept, and the pairs trained on are
 chosen by ``preference_replay_mode``: ``"current"`` (this round's), ``"nearest_k"`` (a sample of
 the last ``preference_replay_k`` rounds'), ``"all_history"`` or ``"lambda_decay"`` (every round,
@@ -30,11 +30,11 @@ from typing import Any, Sequence
 
 import torch
 
-from llm_marl.learners import preference_math as pm
+from llm_marl.learners.preference import math as pm
 from llm_marl.learners.buffer import RolloutBuffer, Sample
 from llm_marl.learners.config import _at_least, _one_of
-from llm_marl.learners.preference import MADPOConfig, MADPOTrainer, PreferenceSample
-from llm_marl.learners.reward_model import MARLHFConfig, MARLHFTrainer
+from llm_marl.learners.preference.madpo import MADPOConfig, MADPOTrainer, PreferenceSample
+from llm_marl.learners.preference.reward_model import MARLHFConfig, MARLHFTrainer
 from llm_marl.learners.tree import RolloutNode, derive_seed
 
 __all__ = ["MADPOIterConfig", "MADPOIterTrainer", "MARLHFIterConfig", "MARLHFIterTrainer"]

@@ -33,11 +33,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from llm_marl.learners import preference_math as pm
+from llm_marl.learners.preference import math as pm
 from llm_marl.learners.buffer import Sample
 from llm_marl.learners.config import _at_least, _one_of, _positive
-from llm_marl.learners.preference import MADPOConfig, centralize_if_asked
-from llm_marl.learners.reinforce import MAGRPOTrainer, _num_items
+from llm_marl.learners.preference.madpo import MADPOConfig, centralize_if_asked
+from llm_marl.learners.reinforce.trainer import MAGRPOTrainer, _num_items
 from llm_marl.learners.tree import RolloutNode, collect_trees, derive_seed, iter_nodes
 from llm_marl.policies.base import Completion
 from llm_marl.policies.critic import joint_observation
@@ -599,12 +599,12 @@ _FORMS: dict[tuple[type, str], type] = {}
 
 def actor_critic_form(trainer_class: type, algorithm: str) -> type:
     """``trainer_class`` whose RL phase is IAC ("iac") or MAAC ("maac"): a subclass of it and of
-    :class:`~llm_marl.learners.actor_critic.IACTrainer` / ``MAACTrainer``, with a config class
+    :class:`~llm_marl.learners.actor_critic.trainer.IACTrainer` / ``MAACTrainer``, with a config class
     that is both its config and IACConfig / MAACConfig (built from the given config's values)."""
     key = (trainer_class, algorithm)
     if key in _FORMS:
         return _FORMS[key]
-    from llm_marl.learners.actor_critic import IACTrainer, MAACTrainer
+    from llm_marl.learners.actor_critic.trainer import IACTrainer, MAACTrainer
 
     learner = IACTrainer if algorithm == "iac" else MAACTrainer
     short = learner.__name__[: -len("Trainer")]
@@ -635,6 +635,6 @@ def actor_critic_form(trainer_class: type, algorithm: str) -> type:
 
 
 def select_pairs(rewards: Sequence[float], mode: str, limit: int | None, rng: random.Random) -> list[tuple[int, int]]:
-    """:func:`~llm_marl.learners.preference_math.select_pairs` (looked up here, so a test's
+    """:func:`~llm_marl.learners.preference.math.select_pairs` (looked up here, so a test's
     control can replace it)."""
     return pm.select_pairs(rewards, mode, limit, rng)

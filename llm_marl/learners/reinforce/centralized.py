@@ -4,7 +4,7 @@
 adapter's ``build_prompt(item, [prompt of each role])``; its action, one text, is split by the
 adapter's ``parse_completion`` into one answer per role and stepped in the inner env, whose
 shared reward it returns (an answer with no role section plays every role with the empty answer).
-:class:`CentralizedMAGRPOTrainer` is :class:`~llm_marl.learners.reinforce.MAGRPOTrainer` on it,
+:class:`CentralizedMAGRPOTrainer` is :class:`~llm_marl.learners.reinforce.trainer.MAGRPOTrainer` on it,
 so the joint answer is trained as one sequence and evaluation splits it the same way.
 
 The adapters: anything with ``build_prompt(batch_item, agent_prompts) -> str`` and
@@ -22,7 +22,7 @@ from typing import Any, Mapping, Protocol, Sequence
 from pettingzoo import ParallelEnv
 
 from llm_marl.learners.config import MAGRPOConfig
-from llm_marl.learners.reinforce import MAGRPOTrainer, _eval_split, _instantiate
+from llm_marl.learners.reinforce.trainer import MAGRPOTrainer, _eval_split, _instantiate
 from llm_marl.learners.tree import fork_env, shared_reward
 
 __all__ = [

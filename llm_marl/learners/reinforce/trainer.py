@@ -38,10 +38,10 @@ import torch
 from pettingzoo import ParallelEnv
 
 from llm_marl import cpu
-from llm_marl.learners.advantages import k3_kl
+from llm_marl.advantages import k3_kl
 from llm_marl.learners.buffer import RolloutBuffer, Sample, node_groups, samples_from_trees
 from llm_marl.learners.checks import check_horizon, check_policies, env_horizon
-from llm_marl.learners.config import MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig
+from llm_marl.learners.reinforce.config import MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig
 from llm_marl.learners.evaluation import episode_metrics, evaluate, illegal_rates
 from llm_marl.learners.evaluation import num_items as _num_items
 from llm_marl.learners.tree import RolloutNode, collect_trees, derive_seed, iter_nodes

@@ -1,6 +1,6 @@
 """Actor-critic learners: IAC (a critic per agent) and MAAC (one central critic), docs/actor_critic.md.
 
-They run the REINFORCE learners' loop (:mod:`llm_marl.learners.reinforce`) and differ from it in
+They run the REINFORCE learners' loop (:mod:`llm_marl.learners.reinforce.trainer`) and differ from it in
 four named pieces:
 
 * ``_samples``: a trajectory is a rollout tree with G aligned answers per node (G =
@@ -47,10 +47,10 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 import torch
 
-from llm_marl.learners import actor_critic_math as acm
-from llm_marl.learners.actor_critic_config import IACConfig, MAACConfig
+from llm_marl.learners.actor_critic import math as acm
+from llm_marl.learners.actor_critic.config import IACConfig, MAACConfig
 from llm_marl.learners.buffer import Sample
-from llm_marl.learners.reinforce import MAGRPOTrainer, _UnfinishedBatch, default_optimizer
+from llm_marl.learners.reinforce.trainer import MAGRPOTrainer, _UnfinishedBatch, default_optimizer
 from llm_marl.learners.tree import RolloutNode, derive_seed, iter_nodes
 from llm_marl.policies.base import Completion
 from llm_marl.policies.critic import Critic, joint_observation
@@ -66,7 +66,7 @@ class ACSample(Sample):
     rollout-time baseline V_old(h) (and Q_old(h, a_k) for a q critic), the TD target and the
     critic's inputs. ``advantages`` are raw until the update whitens them. ``returns`` are the
     logged returns Σ_{t'≥t} r̃_{t'} of the agent: undiscounted and shaped, used by no loss
-    (:func:`~llm_marl.learners.actor_critic_math.logged_returns`)."""
+    (:func:`~llm_marl.learners.actor_critic.math.logged_returns`)."""
 
     rewards: list[float] = field(default_factory=list)
     """r̃_k = R_k − β·KL_k (R_k: this agent's own reward)."""
@@ -222,7 +222,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
                 critics = critics[0]
             critics = {"critic": critics}
         else:
-            from llm_marl.learners.reinforce import _by_agent
+            from llm_marl.learners.reinforce.trainer import _by_agent
 
             critics = _by_agent(critics, self.agents, "critics")
         for name, critic in critics.items():

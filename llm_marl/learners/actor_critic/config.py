@@ -29,7 +29,7 @@ SAMPLE_UNITS = (None, "group", "answer")
 
 @dataclass
 class IACConfig(MAGRPOConfig):
-    """Configuration of :class:`~llm_marl.learners.actor_critic.IACTrainer` (a critic per agent)."""
+    """Configuration of :class:`~llm_marl.learners.actor_critic.trainer.IACTrainer` (a critic per agent)."""
 
     min_generations: ClassVar[int] = 1
     per_agent_rewards: ClassVar[bool] = True
@@ -117,7 +117,7 @@ class IACConfig(MAGRPOConfig):
 
 @dataclass
 class MAACConfig(IACConfig):
-    """Configuration of :class:`~llm_marl.learners.actor_critic.MAACTrainer` (one central critic).
+    """Configuration of :class:`~llm_marl.learners.actor_critic.trainer.MAACTrainer` (one central critic).
 
     ``use_separate_critic`` must stay True (the central critic is its own model) and
     ``value_head_hidden_dim`` is unused; the central critic's head width is
