@@ -255,7 +255,7 @@ def test_the_code_tasks_old_module_level_names_still_import():
 
 # --- the rooms: learners/ by family beside the shared core, runs/ what a run leaves behind ------------
 
-LEARNERS_CORE = {"__init__", "config", "config_types", "config_docs", "tree", "buffer", "update", "evaluation", "checks"}
+LEARNERS_CORE = {"__init__", "config", "config_types", "config_docs", "tree", "buffer", "update", "evaluation", "checks", "advantages"}
 FAMILIES = {
     "reinforce": {"__init__", "trainer", "config", "centralized"},
     "actor_critic": {"__init__", "trainer", "config", "math"},
@@ -265,8 +265,7 @@ MOVED = {f"llm_marl.learners.{m}": f"llm_marl.runs.{m}"
          for m in ("checkpoint", "distributed", "interrupt", "logging", "recording", "run_dir", "run_folder")}
 MOVED["llm_marl.learners.anchor_compat"] = "llm_marl.comlrl.anchor_compat"
 MOVED["llm_marl.envs.plugins"] = "llm_marl.envs.registry"  # registry and plugins are one module
-MOVED.update({  # issue 38: the learners by family, the advantage math down a floor
-    "llm_marl.learners.advantages": "llm_marl.advantages",
+MOVED.update({  # issue 38: the learners by family
     "llm_marl.learners.centralized": "llm_marl.learners.reinforce.centralized",
     "llm_marl.learners.actor_critic_config": "llm_marl.learners.actor_critic.config",
     "llm_marl.learners.actor_critic_math": "llm_marl.learners.actor_critic.math",
@@ -317,6 +316,17 @@ def test_runs_imports_nothing_from_learners():
     assert {f"{a} -> {b}" for a, targets in runs.items() for b in targets if b.startswith("llm_marl.learners")} == set()
     below = {"llm_marl.rollouts", "llm_marl.advantages"}
     assert {f"{a} -> {b}" for a in below for b in graph[a] if b.startswith(("llm_marl.learners", "llm_marl.runs"))} == set()
+
+
+def test_the_design_path_of_the_advantage_math_imports_without_a_warning(recwarn):
+    """DESIGN.md names ``llm_marl.learners.advantages.group_advantages``: defined a floor below,
+    re-exported at that path, one function object."""
+    import llm_marl.advantages as below
+    import llm_marl.learners.advantages as core
+
+    assert core.group_advantages is below.group_advantages and core.agent_returns is below.agent_returns
+    assert not [w for w in recwarn if issubclass(w.category, DeprecationWarning)]
+    assert [n for n in vars(below) if not n.startswith("_") and callable(getattr(below, n)) and getattr(getattr(below, n), "__module__", "") == below.__name__ and not hasattr(core, n)] == []
 
 
 @pytest.mark.parametrize("package", sorted(TOOK_THE_NAME))

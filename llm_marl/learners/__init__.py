@@ -7,10 +7,11 @@ its typing (:mod:`.config`, :mod:`.config_types`, :mod:`.config_docs`).
 The names below are imported on first use (see :mod:`llm_marl`), so that importing a light
 submodule such as :mod:`llm_marl.learners.config` does not load torch. What a run leaves behind
 (run folder, checkpoints, logs, recordings, interrupts, distributed helpers) moved to
-:mod:`llm_marl.runs`, the drop-in constructor to :mod:`llm_marl.comlrl.anchor_compat`, the
-advantage math to :mod:`llm_marl.advantages`, and the learners' modules into their family
-folders (issue 38); their old paths under ``llm_marl.learners`` import for one release with a
-``DeprecationWarning``.
+:mod:`llm_marl.runs`, the drop-in constructor to :mod:`llm_marl.comlrl.anchor_compat`, and the
+learners' modules into their family folders (issue 38); the advantage math is defined a floor
+below, in :mod:`llm_marl.advantages` (:mod:`.advantages` re-exports it), beside
+:mod:`llm_marl.rollouts`, so that :mod:`llm_marl.runs` needs nothing from here. The moved
+modules' old paths under ``llm_marl.learners`` import for one release with a ``DeprecationWarning``.
 """
 
 from llm_marl import _lazy_exports
@@ -21,7 +22,6 @@ alias_modules(
         **{f"llm_marl.learners.{m}": f"llm_marl.runs.{m}"
            for m in ("checkpoint", "distributed", "interrupt", "logging", "recording", "run_dir", "run_folder")},
         "llm_marl.learners.anchor_compat": "llm_marl.comlrl.anchor_compat",
-        "llm_marl.learners.advantages": "llm_marl.advantages",
         "llm_marl.learners.centralized": "llm_marl.learners.reinforce.centralized",
         "llm_marl.learners.actor_critic_config": "llm_marl.learners.actor_critic.config",
         "llm_marl.learners.actor_critic_math": "llm_marl.learners.actor_critic.math",
