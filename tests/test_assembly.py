@@ -53,3 +53,21 @@ def test_a_misspelt_model_name_reads_the_same_from_both_in_their_words():
     assert str(drop_in.value) == str(shared.value)
     assert str(cli.value) == str(shared.value).replace("agent_model ", "--model ", 1)
     assert "did you mean smollm2-135m?" in str(cli.value) and str(cli.value).startswith("--model smollm2-135n:")
+
+
+def test_one_function_builds_every_kind_of_policy_and_refuses_the_rest_for_the_command():
+    # Planted bugs caught: make_policies losing the tabular kind or the menu, an unknown --policy
+    # slipping through to the language-model path, the one-base check for adapters dropped.
+    from llm_marl.envs import make
+    from llm_marl.policies.tabular import TabularPolicy
+
+    env = make("ClimbingGame-v0")
+    built = assembly.make_policies("tabular", env.possible_agents, MAGRPOConfig(), env=env, env_id="ClimbingGame-v0", actions="x,y")
+    assert [type(p) for p in built.policies] == [TabularPolicy, TabularPolicy] and built.tokenizers == [None, None]
+    assert [p.actions for p in built.policies] == [["x", "y"], ["x", "y"]]
+    with pytest.raises(assembly.AssemblyError, match=r"^unknown --policy 'mlp'; choose tabular or lm$"):
+        assembly.make_policies("mlp", env.possible_agents, MAGRPOConfig(), env=env)
+    with pytest.raises(UsageError, match=r"^unknown --policy 'mlp'; choose tabular or lm$"):
+        build_trainer({"env": "ClimbingGame-v0", "policy": "mlp"})
+    with pytest.raises(UsageError, match=r"^--lora_r: the agents are adapters of ONE base model; give one --model, not 'a,b'$"):
+        build_trainer({"env": "WritingCollab-v0", "policy": "lm", "model": "a,b", "lora_r": 2, "num_turns": 1})
