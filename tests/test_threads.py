@@ -185,11 +185,14 @@ def test_read_ticks_counts_this_process_cpu_time_inside_the_cpus_busy_time():
     cpus = sorted(os.sched_getaffinity(0))
     before = threads.read_ticks(cpus)
     spent = time.process_time()
-    while time.process_time() - spent < 0.3:  # burn 0.3 s of CPU
+    while time.process_time() - spent < 0.5:  # burn 0.5 s of CPU
         pass
     after = threads.read_ticks(cpus)
     busy, own = (a - b for a, b in zip(after, before))
-    assert own >= 0.2 * threads._ticks_per_second() and busy >= own - 2
+    # /proc/stat samples CPUs per tick while a process's own time is exact, so under load the two
+    # disagree by a few ticks: the margins catch a wrong field (idle read as busy, own time missed),
+    # not rounding
+    assert own >= 0.4 * threads._ticks_per_second() and busy >= 0.5 * own
 
 
 def test_without_proc_the_count_stays_as_it_is(monkeypatch, two_threads):
