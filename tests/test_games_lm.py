@@ -71,6 +71,17 @@ def test_illegal_answers_of_a_language_model_end_the_game_and_are_counted(tmp_pa
     assert metrics["eval/turn_1/expected_return"] == 0.0
 
 
+def test_the_command_plays_on_after_illegal_answers_with_the_random_on_illegal_id(tmp_path):
+    """Hanabi-Small-RandomOnIllegal-v0 from the command: every answer of the tiny model is illegal,
+    yet player 1 acts too (a random legal move was played for player 0), and both illegal rates are 1."""
+    trainer = build_trainer({"env": "Hanabi-Small-RandomOnIllegal-v0", "policy": "lm", "model": "tiny", "eval_num_samples": 2,
+                             "eval_batch_size": 2, "output_dir": str(tmp_path / "run"), "progress_bar": False, "seed": 0})
+    assert trainer.eval_env.text is True and trainer.env.on_illegal == trainer.eval_env.on_illegal == "random"
+    metrics = trainer.evaluate()
+    assert metrics["eval/player_0/illegal_rate"] == metrics["eval/player_1/illegal_rate"] == 1.0
+    assert -1.0 <= metrics["eval/turn_1/reward_mean"] <= 0.0  # each first move: the substitute's 0 or 1, plus the penalty -1
+
+
 # --- a long game: Hanabi-Small-v0 played to its end, recorded, in the viewer ----------------------------
 
 
