@@ -12,7 +12,7 @@ Every learner trains on the same deals (``--items`` items of the env's chance st
 ``--items-per-step`` trees per optimizer step) for the same number of epochs, with the same
 learning rate; the settings are printed with the table.
 
-Run: ``python benchmarks/tiny_hanabi.py`` (the README quotes the table and its run time);
+Run: ``python benchmarks/tiny_hanabi.py`` (benchmarks/README.md has the latest table and its run time);
 ``--games A B --seeds 3`` for a quick look; ``--json PATH`` writes every seed's value.
 """
 

@@ -16,7 +16,7 @@ aligned answers, 2 turns (5 nodes per tree), prompts of 250-450 and answers of 4
 - switch: selecting another step until its first tree is drawn and two animation frames have
   passed (so layout and paint are included), over ``--switches`` random steps: median and max.
 
-Run: ``python benchmarks/viewer.py`` (about a minute). The numbers are in the README.
+Run: ``python benchmarks/viewer.py`` (about a minute). The numbers are in benchmarks/README.md.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ script" markers are written exactly as for CoMLRL (``agent_model=``, ``tokenizer
     from llm_marl import MAGRPOConfig, MAGRPOTrainer                    # llm_marl
 
 (``from llm_marl.comlrl.trainers.reinforce import ...`` serves CoMLRL's own import paths too; see
-the README's *Migrating from CoMLRL*. Runs log to TensorBoard and metrics.jsonl in
+docs/migrating.md. Runs log to TensorBoard and metrics.jsonl in
 ``output_dir``, and to W&B as well when ``wandb_config=`` is given.)
 
 The task: two agents read a sentence of Python documentation. Agent 1 restates it briefly

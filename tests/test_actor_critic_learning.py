@@ -189,7 +189,7 @@ ECHO = dict(num_generations=1, rollout_buffer_size=4, agent_learning_rate=0.2, c
 
 
 def test_central_critic_against_independent_critics_when_a_reward_depends_on_an_earlier_answer():
-    """Measured, reported whichever wins (README, Actor-critic learners): the mean success
+    """Measured, reported whichever wins (docs/actor_critic_learners.md): the mean success
     probability over 5 seeds after 80 epochs of IAC, MAAC and the reward-blind control."""
     epochs = 80
     iac = [echo_run("iac", seed, epochs, **ECHO) for seed in SEEDS]

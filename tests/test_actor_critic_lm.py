@@ -95,8 +95,8 @@ def test_lm_agents_and_lm_critics_train(model_dir, trainer_class, config_class, 
 # run whose task rewards are random draws, independent of the answers):
 #   IAC   +0.090/+0.115/+0.099 (mean 0.101), control -0.006/+0.049/+0.004 (mean 0.016)
 #   MAAC  +0.102/+0.104/+0.104 (mean 0.103), control +0.099/+0.021/+0.067 (mean 0.062)
-# A single seed is not enough (MAAC's control gained as much as MAAC on seed 0). See README,
-# Actor-critic learners.
+# A single seed is not enough (MAAC's control gained as much as MAAC on seed 0). See docs/actor_critic_learners.md
+# (*Measured*).
 SEEDS = (0, 1, 2)
 MARGIN = {"iac": 0.04, "maac": 0.02}  # below the measured 0.085 and 0.041
 EVAL_SEEDS = (5000, 5001, 5002, 5003)

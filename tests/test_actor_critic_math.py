@@ -20,7 +20,7 @@ T7  MAAC, H=2, gamma=1, joint V_old=[0.2, 0.1], agent 0 rewards [1, 0.5], agent 
     agent 1: y = [0 + 0.1, 0.5] = [0.1, 0.5], A = [-0.1, 0.4].
 T9  token log-probs [-1.2, -2.0] sum to -3.2; A=0.5: -(-3.2)(0.5) = 1.6.
 (T8, the anchor's broadcasting of one reward list over N agents x G generations, has no
-counterpart: here the reward is asked once per joint action — README, Actor-critic learners, Q6.)
+counterpart: here the reward is asked once per joint action — docs/actor_critic_learners.md, Q6.)
 """
 
 from __future__ import annotations

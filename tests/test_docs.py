@@ -55,17 +55,27 @@ def test_user_facing_text_cites_no_spec_outside_the_repository():
 
 
 def test_the_tabular_examples_of_the_docs_pages_run(tmp_path, monkeypatch):
-    """Every Python block of a docs page that trains tabular policies (no model to download) runs
-    as written, each in a fresh namespace, in an empty folder (they write runs/...)."""
-    monkeypatch.chdir(tmp_path)
+    """Every Python block of the README or a docs page that trains tabular policies (no model to
+    download) runs as written, each in a fresh namespace, in an empty folder (they write runs/...)."""
     ran = []
-    for path in sorted(DOCS.glob("*.md")):
+    for path in [DOCS.parent / "README.md", *sorted(DOCS.glob("*.md"))]:
         if path.name == "writing_a_task.md":  # its blocks build on each other: the test above
             continue
-        for block in python_blocks(path):
+        for i, block in enumerate(python_blocks(path)):
             if "TabularPolicy(" in block and ".train()" in block and "from_pretrained" not in block:
+                (tmp_path / f"{path.stem}-{i}").mkdir()
+                monkeypatch.chdir(tmp_path / f"{path.stem}-{i}")
                 namespace: dict = {}
                 exec(compile(block, str(path.relative_to(DOCS.parent)), "exec"), namespace)
                 assert namespace["trainer"].state.global_step > 0, path.name
                 ran.append(path.name)
-    assert {"training.md", "actor_critic_learners.md", "preference.md"} <= set(ran), ran
+    assert {"README.md", "training.md", "actor_critic_learners.md", "preference.md"} <= set(ran), ran
+
+
+def test_the_migration_page_gives_the_readmes_sed_line():
+    """docs/migrating.md repeats the README's one-line migration (which tests/test_comlrl_script.py runs)."""
+    def sed_lines(path: Path) -> list[str]:
+        return [line for line in path.read_text().splitlines() if "llm_marl.comlrl" in line and "sed -i" in line]
+
+    [readme_line] = sed_lines(DOCS.parent / "README.md")
+    assert sed_lines(DOCS / "migrating.md") == [readme_line]

@@ -2,7 +2,7 @@
 --lora_r 8``: cli.DEFAULT_RUN plus cli.DEFAULT_TEAM_RUN) raises the eval reward, beats a
 reward-blind control, and gains about as much as the full-model default run.
 
-Measurements: see MEASURED below and the README (A team of LoRA adapters on one base).
+Measurements: see MEASURED below and docs/training.md (A team of LoRA adapters on one base).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The mutation harness (tests/mutants.py) stays meaningful: every planted bug still applies.
 
-A mutant whose original snippet moved away counts as not killed, and the README's score would
+A mutant whose original snippet moved away counts as not killed, and the score in docs/development.md would
 silently fall; this test names it as soon as the code it plants a bug in changes."""
 
 from __future__ import annotations

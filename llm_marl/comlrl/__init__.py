@@ -2,7 +2,7 @@ r"""CoMLRL's import paths, served by llm_marl: run a CoMLRL 1.4.x training scrip
 except for its imports.
 
 Migrating a script (or a whole companion repository) is one mechanical rewrite, run at its root
-(the README's *Migrating from CoMLRL* has the same line)::
+(the README and docs/migrating.md have the same line)::
 
     grep -rlE '^\s*(from|import) comlrl([. ]|$)' --include='*.py' . | xargs -r sed -i -E 's/^(\s*)(from|import) comlrl([. ]|$)/\1\2 llm_marl.comlrl\3/'
 
@@ -36,5 +36,5 @@ Not here: the iterative learners' other comparators, and CoMLRL's other internal
 
 The classes are thin adapters over :mod:`llm_marl.learners`; the behaviour that deliberately
 differs from CoMLRL (every answer token scored, ``discount`` honoured, ``joint_mode="crossed"``
-the same as "cross") is listed in the README's migration section.
+the same as "cross") is listed in docs/migrating.md.
 """

@@ -3,8 +3,8 @@
 Both configs extend :class:`~llm_marl.learners.config.MAGRPOConfig` — so every field beyond the
 specification (``seed``, ``output_dir``, ``save_steps``, ``items_per_step``, ``max_grad_norm``,
 ...) means the same here — with the anchor library's actor-critic fields and defaults. Where the
-anchor's default is one of its quirks the default is fixed (docs/actor_critic.md §6; README,
-*Actor-critic learners*): ``early_termination_threshold`` is None (Q2), and MAAC has a
+anchor's default is one of its quirks the default is fixed (docs/actor_critic.md §6;
+docs/actor_critic_learners.md): ``early_termination_threshold`` is None (Q2), and MAAC has a
 ``value_clip_range`` too (None by default, as the anchor's MAAC never clips).
 
 The REINFORCE-only fields ``joint_mode``, ``cross_aggregation`` and ``advantage_mode`` keep their

@@ -53,7 +53,7 @@ def logged_returns(rewards: Sequence[float], child_returns: Sequence[Sequence[fl
 
 
 def advantages(targets: Sequence[float], baselines: Sequence[float]) -> list[float]:
-    """A = y − b, where b is V_old(h) (critic_type "v") — never an action value (docs/actor_critic.md §3; README, Q7)."""
+    """A = y − b, where b is V_old(h) (critic_type "v") — never an action value (docs/actor_critic.md §3; docs/actor_critic_learners.md, Q7)."""
     if len(targets) != len(baselines):
         raise ValueError(f"{len(targets)} targets but {len(baselines)} baselines")
     return [float(y) - float(b) for y, b in zip(targets, baselines)]

@@ -27,7 +27,7 @@ when ``use_separate_critic=False``) for a language-model policy.
 
 With ``critic_type="q"`` the critic also reads V(h) at the prompt's end and both are regressed on
 y; the actor's advantage is Q_old(h, a) − V_old(h) and the bootstrap is V_old(h'), so the baseline
-never depends on the action (docs/actor_critic.md §3; README, Q7).
+never depends on the action (docs/actor_critic.md §3; docs/actor_critic_learners.md, Q7).
 
 Constructors: env-native ``IACTrainer(env=..., policies=..., critics=None, args=IACConfig(...))``,
 or the anchor library's keywords (``agent_model``/``agents``, ``critic_model``/``critics``,
