@@ -745,7 +745,7 @@ DESCRIPTION = "llm-marl: train teams of language models to cooperate with reinfo
 EPILOG = """\
 first commands:
   llm-marl train                  the main job: two SmolLM2-135M-Instruct LoRA adapters learn to
-                                  agree on answers (NameMatch-v0); about 4 min 20 s on a quiet
+                                  agree on answers (NameMatch-v0); about 3 min 30 s on a quiet
                                   2-core CPU, plus about 45 s to fetch and convert the model once
   llm-marl train --model tiny     the same loop on two tiny local GPT-2s (WritingCollab-v0; add
                                   --learner NAME for any learner of `llm-marl list`)
