@@ -34,8 +34,9 @@ needs_chromium = pytest.mark.skipif(find_chromium() is None, reason=NO_CHROMIUM)
 
 
 def sphinx_build(source: Path, out: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    return subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "-q", "-E", str(source), str(out)],
+    env = {k: v for k, v in os.environ.items() if k != "FORCE_COLOR"}  # a CI that forces colour would colour the messages
+    env.update(OMP_NUM_THREADS="1", NO_COLOR="1", PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return subprocess.run([sys.executable, "-m", "sphinx", "-W", "--keep-going", "--no-color", "-q", "-E", str(source), str(out)],
                           capture_output=True, text=True, env=env, timeout=600)
 
 
