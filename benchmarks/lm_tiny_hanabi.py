@@ -33,6 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import print_machine  # noqa: E402
+from overrides import parse_sets  # noqa: E402
 
 OPTIMUM = 10.0
 RUN = {
@@ -156,13 +157,7 @@ def main() -> None:
         summarize(rows, sorted({r["seed"] for r in rows}))
         return
     print_machine()
-    overrides = {}
-    for item in ns.set:
-        key, _, value = item.partition("=")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
+    overrides = parse_sets(ns.set)
     print(f"settings: {json.dumps({**RUN, **overrides})}", flush=True)
     rows = []
     started = time.time()

@@ -26,6 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from machine import print_machine  # noqa: E402
+from overrides import parse_sets  # noqa: E402
 
 
 def run(seed: int, control: bool, overrides: dict, threads: int) -> dict:
@@ -61,13 +62,7 @@ def main() -> None:
     parser.add_argument("--out", help="write the rows as JSON here")
     ns = parser.parse_args()
     print_machine()
-    overrides = {}
-    for item in ns.set:
-        key, _, value = item.partition("=")
-        try:
-            overrides[key] = json.loads(value)
-        except json.JSONDecodeError:
-            overrides[key] = value
+    overrides = parse_sets(ns.set)
     rows = []
     print(f"{'seed':>4}  {'run':<8} {'before':>7} {'after':>7} {'gain':>7} {'minutes':>8} {'load':>5}", flush=True)
     for seed in ns.seeds:

@@ -118,3 +118,13 @@ def test_quick_benchmark_comlrl(tmp_path):
         _check_run(run)
     assert by_side["comlrl"]["versions"]["comlrl"] == "1.4.3"
     assert "speed-up" in results["table"]
+
+
+def test_set_options_of_the_train_benchmarks_parse_as_json_else_text():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from overrides import parse_sets
+
+    assert parse_sets(["num_train_epochs=1", "model=smollm2-135m", "lora_r=null", "x=[1, 2]"]) == {
+        "num_train_epochs": 1, "model": "smollm2-135m", "lora_r": None, "x": [1, 2]}
+    with pytest.raises(SystemExit, match="--set 'epochs': expected FIELD=VALUE"):
+        parse_sets(["epochs"])
