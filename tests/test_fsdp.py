@@ -276,7 +276,7 @@ def run(model_dir, *, learner="magrpo", team=False, reference=True, fsdp=False, 
     }
 
 
-def assert_trained_alike(sharded, single, start, atol=1e-6):
+def assert_trained_alike(sharded, single, start, atol=1e-6, min_close=0.9995):
     """The sharded run took the unsharded run's steps: gradients and weights (see below).
     ``atol``: of the gradients (actor-critic: a critic's rounding reaches the next advantages)."""
     # Each step's (clipped) gradient is the unsharded run's, to fp32 rounding.
@@ -298,7 +298,7 @@ def assert_trained_alike(sharded, single, start, atol=1e-6):
                 total += value.numel()
         moved = max((expected[n] - start[n]).abs().max().item() for n in expected)
         assert moved > 1e-3, f"{agent}'s weights did not move"
-    assert close >= 0.9995 * total, f"{total - close} of {total} weights differ beyond fp32 rounding"
+    assert close >= min_close * total, f"{total - close} of {total} weights ({1 - close / total:.3%}) differ beyond fp32 rounding"
 
 
 def assert_iac_trained_alike(ranks, single, start, saved=None, team=False):
@@ -308,7 +308,10 @@ def assert_iac_trained_alike(ranks, single, start, saved=None, team=False):
     LoRA team with value adapters, whole on every rank beside the team's half base."""
     for name, weights in single["critic_start"].items():
         start = {**start, **weights}
-    assert_trained_alike(ranks[0], single, start, atol=1e-4)  # (gathered to rank 0)
+    # (gathered to rank 0) A critic's rounding reaches the next advantages, so more near-zero
+    # gradients flip Adam's step than in MAGRPO: 0.065% of weights beyond rounding on an Intel Xeon
+    # with AMX, fewer on an AMD EPYC; one attention projection of one model is 0.4% of them.
+    assert_trained_alike(ranks[0], single, start, atol=1e-4, min_close=0.998)
     for rank in ranks:
         assert rank["steps"] == single["steps"] == 2
         if team:
