@@ -167,9 +167,16 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "resume does not restore the RNG states",
         "llm_marl/runs/checkpoint.py",
-        '    _restore_rng(trainer, torch.load(os.path.join(path, "rng.pt"), weights_only=False))\n',
+        '    restore_rng(trainer.policies, torch.load(os.path.join(path, "rng.pt"), weights_only=False))\n',
         "",
-        ("tests/test_reliability.py::test_stop_resume_equals_uninterrupted",),
+        ("tests/test_reliability.py::test_stop_resume_equals_uninterrupted", "tests/test_reliability_lm.py::test_lm_stop_resume_equals_uninterrupted"),
+    ),
+    Mutant(
+        "evaluation draws from the run's own generators",
+        "llm_marl/learners/evaluation.py",
+        " as batch, seeded_aside(seed, trainer.policies):",
+        " as batch:",
+        ("tests/test_eval_randomness.py",),
     ),
     # --- more planted bugs across the library --------------------------------------------------------
     Mutant(

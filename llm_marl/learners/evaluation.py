@@ -13,8 +13,9 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 from pettingzoo import ParallelEnv
 
-from llm_marl.learners.tree import RolloutNode, grow_trees, iter_nodes
+from llm_marl.learners.tree import RolloutNode, derive_seed, grow_trees, iter_nodes
 from llm_marl.runs import progress
+from llm_marl.runs.rng import seeded_aside
 
 __all__ = ["episode_metrics", "evaluate", "hook_metrics"]
 
@@ -32,6 +33,12 @@ def evaluate(trainer: Any, num_eval_samples: int | None = None) -> dict[str, flo
     ``{}``, logging nothing — also when called by the periodic schedule. With
     ``reward_error_policy="skip"`` an eval item whose task raised is dropped, printed and
     counted in ``eval/skipped_items``.
+
+    Randomness: evaluation samples from generators seeded by ``(args.seed, "eval")`` and set
+    aside afterwards (:func:`llm_marl.runs.rng.seeded_aside`). So two runs with one seed
+    evaluate alike (also before ``train()``, which seeds training), every evaluation of a run
+    draws the same random numbers (before/after differ by the weights alone), and evaluating
+    leaves what training draws next unchanged (``eval_interval`` does not change training).
     """
     args = trainer.args
     if num_eval_samples is None:
@@ -54,11 +61,12 @@ def evaluate(trainer: Any, num_eval_samples: int | None = None) -> dict[str, flo
     skip = args.reward_error_policy == "skip"
     roots: list[RolloutNode] = []
     shown = progress.bar(count, "evaluating", "item", show=bool(getattr(args, "progress_bar", True)))
-    with _ItemsInFlight(shown, args.num_turns * _sampling_calls(trainer.policies)) as batch:
+    seed = derive_seed(args.seed, "eval")
+    with _ItemsInFlight(shown, args.num_turns * _sampling_calls(trainer.policies)) as batch, seeded_aside(seed, trainer.policies):
         for start in range(0, count, args.eval_batch_size):
             indices = list(range(start, min(start + args.eval_batch_size, count)))
             batch.begin(len(indices))
-            roots += grow_trees(env, trainer.policies, indices, num_samples=1, num_turns=args.num_turns, skip_errors=skip,
+            roots += grow_trees(env, trainer.policies, indices, num_samples=1, num_turns=args.num_turns, skip_errors=skip, seed=seed,
                                 per_agent_rewards=bool(getattr(args, "per_agent_rewards", False)), learner=type(trainer).__name__)
             batch.end()
     shown.close()

@@ -35,18 +35,17 @@ import dataclasses
 import hashlib
 import json
 import os
-import random
 import re
 import shutil
 import time
 import warnings
 from typing import Any
 
-import numpy as np
 import torch
 
 from llm_marl.policies.weight_changes import weights_changed
 from llm_marl.runs import run_folder
+from llm_marl.runs.rng import restore_rng, rng_state
 from llm_marl.runs.run_folder import RESUMABLE_FIELDS
 
 _PATTERN = re.compile(r"^checkpoint-(\d+)$")
@@ -108,7 +107,7 @@ def save(trainer: Any) -> str:
             torch.save(trainer.reference_policies[agent].state_dict(), os.path.join(folder, "reference.pt"))
     for name, extra in _extras(trainer).items():
         torch.save(extra.state_dict(), os.path.join(tmp, f"{name}.pt"))
-    torch.save(_rng_state(trainer), os.path.join(tmp, "rng.pt"))
+    torch.save(rng_state(trainer.policies), os.path.join(tmp, "rng.pt"))
     torch.save(
         {"buffers": {a: list(b.samples) for a, b in trainer.buffers.items()}, "pending": trainer._pending,
          "update_plan": getattr(trainer, "_update_plan", None), "unfinished": _cut_batch(trainer)},
@@ -290,7 +289,7 @@ def load(trainer: Any, path: str) -> None:
             raise CheckpointError(f"{path}: {name}.pt is missing (saved by a trainer without {name})")
         extra.load_state_dict(torch.load(file, weights_only=False))
     weights_changed()  # every sampling copy (bf16 shadow, packs) reads the loaded weights
-    _restore_rng(trainer, torch.load(os.path.join(path, "rng.pt"), weights_only=False))
+    restore_rng(trainer.policies, torch.load(os.path.join(path, "rng.pt"), weights_only=False))
     extra = torch.load(os.path.join(path, "buffers.pt"), weights_only=False)
     from llm_marl.rollouts import RolloutBuffer
 
@@ -403,29 +402,6 @@ def _run_of(path: str) -> dict[str, Any]:
         return {}
 
 
-def _rng_state(trainer: Any) -> dict[str, Any]:
-    state = {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-        "policies": {},
-    }
-    for agent, policy in trainer.policies.items():
-        generator = getattr(policy, "generator", None)
-        if isinstance(generator, torch.Generator):
-            state["policies"][agent] = generator.get_state()
-    return state
-
-
-def _restore_rng(trainer: Any, state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-    for agent, generator_state in state["policies"].items():
-        trainer.policies[agent].generator.set_state(generator_state)
 
 
 def _rotate(output_dir: str, limit: int | None, keep: str, run_id: str | None) -> None:

@@ -26,7 +26,6 @@ a list in agent order — or with the Hugging Face-compatible keywords of the an
 from __future__ import annotations
 
 import os
-import random
 import signal
 import time
 import warnings
@@ -53,15 +52,9 @@ from llm_marl.runs.fsdp import gathered, save_consolidated, shard_agents
 from llm_marl.runs.interrupt import StopRequests, TrainingInterrupted
 from llm_marl.runs.logging import RunLogger, flush_before, flush_pending, open_wandb, wants_wandb
 from llm_marl.runs.recording import RolloutRecorder
+from llm_marl.runs.rng import seed_everything  # noqa: F401 (also importable from here, as before)
 from llm_marl.runs.run_dir import agent_folders
 from llm_marl.tasks.base import TaskError
-
-
-def seed_everything(seed: int) -> None:
-    """Seed Python's, NumPy's and torch's global RNGs."""
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 @dataclass
