@@ -121,10 +121,8 @@ def main() -> None:
     policies = {agent: tiny_policy(args, cli.tiny_pretrain_steps, workdir) for agent in task.agents}
     trainer = MAGRPOTrainer(env=env, policies=policies, args=args, eval_env=eval_env)
 
-    torch.manual_seed(0)
-    before = trainer.evaluate()
+    before = trainer.evaluate()  # seeded by args.seed alone: before and after draw the same numbers
     state = trainer.train()
-    torch.manual_seed(0)
     after = trainer.evaluate()
     print(f"trained {state.batch_step} batches, {state.global_step} optimizer steps")
     for name in sorted(before):

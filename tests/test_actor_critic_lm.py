@@ -105,8 +105,7 @@ EVAL_SEEDS = (5000, 5001, 5002, 5003)
 def mean_eval_reward(trainer):
     values = []
     for seed in EVAL_SEEDS:
-        torch.manual_seed(seed)
-        values.append(trainer.evaluate()["eval/turn_1/reward_mean"])
+        values.append(trainer.evaluate(seed=seed)["eval/turn_1/reward_mean"])
     return sum(values) / len(values)
 
 

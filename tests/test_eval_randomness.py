@@ -49,6 +49,7 @@ def test_two_runs_with_one_seed_evaluate_alike_before_training_whatever_was_draw
     torch.rand(3)
     assert second.evaluate() == before
     assert trainer(seed=12).evaluate() != before  # the seed does reach the samples
+    assert first.evaluate(seed=5) == second.evaluate(seed=5) != before  # more draws to average over, by seed
 
 
 def test_evaluating_leaves_every_generator_as_it_was_so_eval_interval_does_not_change_training():

@@ -287,8 +287,7 @@ def mean_eval_reward(trainer):
     """Mean eval reward over EVAL_SEEDS (each: one batched rollout of the 32 eval items)."""
     values = []
     for seed in EVAL_SEEDS:
-        torch.manual_seed(seed)
-        values.append(trainer.evaluate()["eval/turn_1/reward_mean"])
+        values.append(trainer.evaluate(seed=seed)["eval/turn_1/reward_mean"])
     return sum(values) / len(values)
 
 

@@ -35,8 +35,7 @@ TEAM_MARGIN = 0.04  # the full-model test's LEARNING_MARGIN (test_lm_training.py
 def mean_eval_reward(trainer):
     values = []
     for seed in EVAL_SEEDS:
-        torch.manual_seed(seed)
-        values.append(trainer.evaluate()["eval/turn_1/reward_mean"])
+        values.append(trainer.evaluate(seed=seed)["eval/turn_1/reward_mean"])
     return sum(values) / len(values)
 
 

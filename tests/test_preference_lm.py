@@ -117,8 +117,7 @@ def writing_madpo(seed, shuffled):
 def mean_eval_reward(trainer):
     values = []
     for eval_seed in (5000, 5001, 5002, 5003):
-        torch.manual_seed(eval_seed)
-        values.append(trainer.evaluate()["eval/turn_1/reward_mean"])
+        values.append(trainer.evaluate(seed=eval_seed)["eval/turn_1/reward_mean"])
     return sum(values) / len(values)
 
 

@@ -20,7 +20,7 @@ from llm_marl.runs.rng import seeded_aside
 __all__ = ["episode_metrics", "evaluate", "hook_metrics"]
 
 
-def evaluate(trainer: Any, num_eval_samples: int | None = None) -> dict[str, float]:
+def evaluate(trainer: Any, num_eval_samples: int | None = None, *, seed: int | None = None) -> dict[str, float]:
     """Play ``num_eval_samples`` (default ``eval_num_samples``) eval items once each (one
     answer per agent per turn, no early termination) and return — and log —
     ``eval/turn_k/reward_mean`` and ``eval/turn_k/expected_return``, plus the eval hooks'
@@ -34,11 +34,12 @@ def evaluate(trainer: Any, num_eval_samples: int | None = None) -> dict[str, flo
     ``reward_error_policy="skip"`` an eval item whose task raised is dropped, printed and
     counted in ``eval/skipped_items``.
 
-    Randomness: evaluation samples from generators seeded by ``(args.seed, "eval")`` and set
-    aside afterwards (:func:`llm_marl.runs.rng.seeded_aside`). So two runs with one seed
-    evaluate alike (also before ``train()``, which seeds training), every evaluation of a run
-    draws the same random numbers (before/after differ by the weights alone), and evaluating
-    leaves what training draws next unchanged (``eval_interval`` does not change training).
+    Randomness: evaluation samples from generators seeded by ``seed`` (default: one derived from
+    ``args.seed``) and set aside afterwards (:func:`llm_marl.runs.rng.seeded_aside`). So two runs
+    with one seed evaluate alike (also before ``train()``, which seeds training), every
+    evaluation of a run draws the same random numbers (before/after differ by the weights
+    alone), and evaluating leaves what training draws next unchanged (``eval_interval`` does not
+    change training). Pass other seeds to average over more draws.
     """
     args = trainer.args
     if num_eval_samples is None:
@@ -61,7 +62,8 @@ def evaluate(trainer: Any, num_eval_samples: int | None = None) -> dict[str, flo
     skip = args.reward_error_policy == "skip"
     roots: list[RolloutNode] = []
     shown = progress.bar(count, "evaluating", "item", show=bool(getattr(args, "progress_bar", True)))
-    seed = derive_seed(args.seed, "eval")
+    if seed is None:
+        seed = derive_seed(args.seed, "eval")
     with _ItemsInFlight(shown, args.num_turns * _sampling_calls(trainer.policies)) as batch, seeded_aside(seed, trainer.policies):
         for start in range(0, count, args.eval_batch_size):
             indices = list(range(start, min(start + args.eval_batch_size, count)))

@@ -264,12 +264,12 @@ class MAGRPOTrainer(JointUpdate):
     def _reached_max_steps(self) -> bool:
         return self.args.max_steps is not None and self.state.global_step >= self.args.max_steps
 
-    def evaluate(self, num_eval_samples: int | None = None) -> dict[str, float]:
-        """Play ``num_eval_samples`` (default ``eval_num_samples``) eval items once each and return
-        — and log — their metrics (:func:`llm_marl.learners.evaluation.evaluate`, which says what
-        is played and what is returned). ``fsdp=True``: every rank calls it, rank 0 plays, the others get {}."""
+    def evaluate(self, num_eval_samples: int | None = None, *, seed: int | None = None) -> dict[str, float]:
+        """Play ``num_eval_samples`` (default ``eval_num_samples``) eval items once each, drawing
+        from ``seed`` (default: from ``args.seed``), and return — and log — their metrics
+        (:func:`llm_marl.learners.evaluation.evaluate` says more). ``fsdp=True``: all ranks call it, rank 0 plays, others get {}."""
         with self.gathered_weights():
-            return evaluate(self, num_eval_samples) if self.dist.is_main or not self.sharded else {}
+            return evaluate(self, num_eval_samples, seed=seed) if self.dist.is_main or not self.sharded else {}
 
     def gathered_weights(self) -> Any:
         """Context: sharded agents (``fsdp=True``) hold their full weights; every rank enters it."""
