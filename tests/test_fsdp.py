@@ -366,20 +366,26 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def test_two_sharded_ranks_train_like_one_unsharded_process(tmp_path, model_dir):
-    out, saved = tmp_path / "ranks", tmp_path / "saved"
-    out.mkdir()
+def launch_ranks(script_text: str, tmp_path, nproc: int = 2) -> list[dict]:
+    """Run ``script_text`` under torchrun on ``nproc`` gloo ranks; each rank's record (rank{r}.pt in
+    ``tmp_path/ranks``, which ``{out}`` in the script names)."""
     script = tmp_path / "rank.py"
-    team_saved = tmp_path / "team_saved"
-    script.write_text(RANK_SCRIPT.format(tests=TESTS, model_dir=model_dir, out=str(out), save_to=str(saved), run_dir=str(tmp_path / "run"),
-                                         team_saved=str(team_saved), team_dir=str(tmp_path / "team_run"), iac_saved=str(tmp_path / "iac_saved")))
+    script.write_text(script_text)
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()), str(script)],
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(_free_port()), str(script)],
         capture_output=True, text=True, timeout=400, env=env,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    return [torch.load(tmp_path / "ranks" / f"rank{r}.pt", weights_only=False) for r in range(nproc)]
+
+
+def test_two_sharded_ranks_train_like_one_unsharded_process(tmp_path, model_dir):
+    out, saved = tmp_path / "ranks", tmp_path / "saved"
+    out.mkdir()
+    team_saved = tmp_path / "team_saved"
+    ranks = launch_ranks(RANK_SCRIPT.format(tests=TESTS, model_dir=model_dir, out=str(out), save_to=str(saved), run_dir=str(tmp_path / "run"),
+                                            team_saved=str(team_saved), team_dir=str(tmp_path / "team_run"), iac_saved=str(tmp_path / "iac_saved")), tmp_path)
     single = run(model_dir)
     sharded = ranks[0]
     assert [r["world_size"] for r in ranks] == [2, 2] and single["world_size"] == 1
@@ -495,15 +501,7 @@ def test_a_2d_mesh_shards_in_pairs_and_replicates_across_them(tmp_path, model_di
     ranks' items train like one unsharded process on all of them; each rank holds half."""
     out = tmp_path / "ranks"
     out.mkdir()
-    script = tmp_path / "rank.py"
-    script.write_text(MESH_SCRIPT.format(tests=TESTS, model_dir=model_dir, out=str(out)))
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "4", "--master_port", str(_free_port()), str(script)],
-        capture_output=True, text=True, timeout=400, env=env,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in range(4)]
+    ranks = launch_ranks(MESH_SCRIPT.format(tests=TESTS, model_dir=model_dir, out=str(out)), tmp_path, nproc=4)
     single = run(model_dir, items=8, items_per_step=4, rollout_buffer_size=4)
     assert [r["world_size"] for r in ranks] == [4] * 4 and ranks[0]["steps"] == single["steps"] == 2
     assert_trained_alike(ranks[0], single, CausalLMPolicy.from_pretrained(model_dir).model.state_dict())
@@ -547,16 +545,8 @@ def test_sharded_critics_resume_exactly_and_maac_and_a_team_train_like_one_proce
     base) train like one unsharded process."""
     out = tmp_path / "ranks"
     out.mkdir()
-    script = tmp_path / "rank.py"
-    script.write_text(CRITIC_SCRIPT.format(tests=TESTS, model_dir=model_dir, out=str(out), run_dir=str(tmp_path / "run"), shared_dir=str(tmp_path / "shared"),
-                                           rlhf_saved=str(tmp_path / "rlhf_saved"), rlhf_dir=str(tmp_path / "rlhf")))
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(_free_port()), str(script)],
-        capture_output=True, text=True, timeout=400, env=env,
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    ranks = [torch.load(out / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+    ranks = launch_ranks(CRITIC_SCRIPT.format(tests=TESTS, model_dir=model_dir, out=str(out), run_dir=str(tmp_path / "run"), shared_dir=str(tmp_path / "shared"),
+                                              rlhf_saved=str(tmp_path / "rlhf_saved"), rlhf_dir=str(tmp_path / "rlhf")), tmp_path)
     assert {"critic_0_shards", "critic_1_shards"} <= set(ranks[0]["checkpoint"])
     for rank in ranks:  # fsdp_gather="layer" with critics (their values in the rollout): the same answers and steps
         layer, whole = rank["iac_layer"], rank["iac"]
