@@ -178,6 +178,20 @@ MUTANTS: list[Mutant] = [
         " as batch:",
         ("tests/test_eval_randomness.py",),
     ),
+    Mutant(
+        "an update waits for every agent's buffer",
+        "llm_marl/learners/update.py",
+        "        return any(self._buffer_full(agent) for agent in self.agents)\n",
+        "        return all(self._buffer_full(agent) for agent in self.agents)\n",
+        ("tests/test_turn_based.py",),
+    ),
+    Mutant(
+        "a partly filled buffer is consumed with the full ones",
+        "llm_marl/learners/update.py",
+        "if not full_only or self.dist.max(int(self._buffer_full(agent)))]",
+        "if True]",
+        ("tests/test_turn_based.py",),
+    ),
     # --- more planted bugs across the library --------------------------------------------------------
     Mutant(
         "optimizer steps counted once per update instead of per mini-batch",

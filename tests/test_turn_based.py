@@ -153,6 +153,36 @@ def test_a_non_acting_agent_gets_no_sample_log_prob_or_gradient(learner):
     assert moved > 0
 
 
+def signal_trainer(turns, rollout_buffer_size):
+    """MAGRPO on Signal, one item per batch, stopped after its first optimizer step."""
+    policies = spies()
+    args = MAGRPOConfig(num_turns=turns, num_generations=2, num_train_epochs=1, items_per_step=1, rollout_buffer_size=rollout_buffer_size,
+                        max_steps=1, agent_learning_rate=0.1, eval_interval=0, progress_bar=False, seed=0, early_termination_threshold=None)
+    return MAGRPOTrainer(env=DialogueEnv(Signal(turns)), policies=policies, args=args), policies
+
+
+def test_an_agent_that_never_acts_does_not_hold_up_the_others_updates():
+    """One-turn Signal: only the speaker acts, so the listener's buffer stays empty. The speaker's
+    is full after the first item and updates then, not at the epoch's end (as it did while an
+    update waited for every agent's buffer)."""
+    trainer, policies = signal_trainer(turns=1, rollout_buffer_size=1)
+    trainer.train()
+    assert trainer.state.global_step == 1 and trainer.state.batch_step == 1
+    assert policies["speaker"].sampled == ["card red"] and policies["speaker"].scored == ["card red"] * 2  # item 2 not yet played
+
+
+def test_a_full_buffer_updates_while_a_partly_filled_one_waits_for_the_epochs_end():
+    """Two-turn Signal, K = 2: an item gives the speaker 1 sample (the root) and the listener 2 (its
+    children). With rollout_buffer_size 2 the listener's buffer is full after the first item and is
+    consumed alone; the speaker's one sample stays (docs/algorithms.md §4)."""
+    trainer, policies = signal_trainer(turns=2, rollout_buffer_size=2)
+    trainer.train()
+    assert trainer.state.global_step == 1 and trainer.state.batch_step == 1
+    assert len(trainer.buffers["speaker"]) == 1 and len(trainer.buffers["listener"]) == 0
+    assert policies["speaker"].scored == [] and len(policies["listener"].scored) == 4  # 2 samples of K = 2 answers
+    assert set(policies["listener"].scored) <= {"signal x", "signal y"}
+
+
 def test_iac_targets_bootstrap_through_the_partners_turn():
     """Hand-checked: the speaker acts at turn 0 (reward 0), the listener at turn 1. The speaker's
     critic value at turn 1 (where it does not act) is never used: its TD target for answer g is

@@ -107,7 +107,7 @@ class JointUpdate:
         batch, :class:`~llm_marl.learners.reinforce.trainer._UnfinishedBatch`) for the next call to
         finish. Returns whether the update finished."""
         try:
-            self._update()
+            self._update(full_only=True)
         except Exception:
             self._unfinished = unfinished
             raise
@@ -116,11 +116,19 @@ class JointUpdate:
             return False
         return True
 
-    def _buffers_full(self) -> bool:
-        return all(len(self.buffers[a]) >= self.args.rollout_buffer_size for a in self.agents)
+    def _buffer_full(self, agent: str) -> bool:
+        return len(self.buffers[agent]) >= self.args.rollout_buffer_size
 
-    def _update(self) -> None:
-        """Consume every agent's buffer in mini-batches of train_batch_size, one optimizer step each.
+    def _buffers_full(self) -> bool:
+        """Whether an update is due: some agent's buffer holds ``rollout_buffer_size`` samples.
+        Every agent's fills at once where every agent acts at every node; in a turn-based env an
+        agent that acts less (or never) does not hold up the others' updates."""
+        return any(self._buffer_full(agent) for agent in self.agents)
+
+    def _update(self, full_only: bool = False) -> None:
+        """Consume every agent's buffer in mini-batches of train_batch_size, one optimizer step each;
+        ``full_only``: only the buffers that are full (an update during the epoch; a partly filled
+        buffer waits for the epoch's end, docs/algorithms.md §4).
 
         All-or-nothing across agents: mini-batch i of every agent is scored and its loss and
         gradient checked before any agent's optimizer steps. A non-finite loss or gradient raises
@@ -150,7 +158,8 @@ class JointUpdate:
                     if hasattr(policy, "pending_observations"):
                         policy.add_observations(self.dist.union(policy.pending_observations()))
             size = self.args.resolved_train_batch_size
-            batches = {agent: self._minibatches(agent, size) for agent in self.agents}
+            chosen = [agent for agent in self.agents if not full_only or self.dist.max(int(self._buffer_full(agent)))]
+            batches = {agent: self._minibatches(agent, size) if agent in chosen else [] for agent in self.agents}
             counts = {agent: self.dist.max(len(batches[agent])) for agent in self.agents}
             first = 0
         for i in range(first, max(counts.values())):

@@ -568,13 +568,13 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
         unit = self.args.sample_unit
         return self._callback_takes_rollouts if unit is None else unit == "answer"
 
-    def _buffers_full(self) -> bool:
+    def _buffer_full(self, agent: str) -> bool:
         if not self._counts_answers():
-            return super()._buffers_full()
-        if getattr(self, "_appending", False):
-            return False
-        size = self.args.rollout_buffer_size
-        return all(sum(len(s.completions) for s in self.buffers[a].samples) >= size for a in self.agents)
+            return super()._buffer_full(agent)
+        return sum(len(s.completions) for s in self.buffers[agent].samples) >= self.args.rollout_buffer_size
+
+    def _buffers_full(self) -> bool:
+        return not (self._counts_answers() and getattr(self, "_appending", False)) and super()._buffers_full()
 
     def _note_logged_returns(self, samples: list[Sample]) -> None:
         """``train/turn_k/expected_return``: the mean logged return (undiscounted, shaped) of every
@@ -589,12 +589,12 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
 
     # --- update -------------------------------------------------------------------------------
 
-    def _update(self) -> None:
+    def _update(self, full_only: bool = False) -> None:
         if self.dist.enabled:
             for critic in self.critics.values():
                 if hasattr(critic, "pending_observations"):
                     critic.add_observations(self.dist.union(critic.pending_observations()))
-        super()._update()
+        super()._update(full_only)
 
     def _minibatches(self, agent: str, size: int) -> list[list[Sample]]:
         """The buffer's samples with their advantages whitened together (one group per agent and

@@ -247,8 +247,8 @@ class MADPOIterTrainer(MADPOTrainer):
             self.state.epoch += 1
             self.state.batch_in_epoch = 0
 
-    def _update(self) -> None:
-        """The round's training: its pairs (one sample per pair and agent) join the kept rounds,
+    def _update(self, full_only: bool = False) -> None:
+        """The round's training (``full_only`` does not apply: a round trains at its end): its pairs (one sample per pair and agent) join the kept rounds,
         the replay mode chooses the pairs, then ``num_train_epochs`` shuffled passes of
         ``train_batch_size`` pairs per optimizer step. ``max_steps`` is checked before every
         optimizer step: reached, the rest of the round is kept (``rounds.cut``, checkpointed)
