@@ -12,8 +12,8 @@ CUDA is available, else ``gloo``). What changes with W ranks:
 - The dataset is read in global batches of ``items_per_step × W`` items; rank r rolls out its own
   block of ``items_per_step`` of them. ``rollout_buffer_size`` and ``train_batch_size`` count
   samples per rank, like a per-device batch size.
-- Updates happen at batch boundaries, decided together: when any rank's buffers hold
-  ``rollout_buffer_size`` samples (or at an epoch's end), every rank drains its buffers into
+- Updates happen at batch boundaries, decided together: when any rank's buffer of an agent holds
+  ``rollout_buffer_size`` samples (or at an epoch's end), every rank drains that agent's buffer into
   mini-batches of ``train_batch_size``; mini-batch i of all ranks forms one optimizer step whose
   loss is the mean over the union of their samples (gradients are summed across ranks and divided
   by the global sample count; a rank with fewer mini-batches contributes zero). So all ranks take

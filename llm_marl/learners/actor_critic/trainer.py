@@ -545,7 +545,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
     def _buffer_and_update(
         self, batch_step: int, roots: list[RolloutNode], samples: list[Sample], elapsed: float, rest: list[Sample]
     ) -> None:
-        """As the REINFORCE learners' (an update whenever every buffer is full), except that with
+        """As the REINFORCE learners' (an update whenever a buffer is full), except that with
         ``sample_unit`` "answer" the buffers are checked once the whole batch is appended, as
         CoMLRL checks after each item (its batch is one item)."""
         if not self._counts_answers():

@@ -10,7 +10,7 @@ The training loop, top to bottom::
             samples = samples_from_trees(trees, ...)                     # buffer.py (+ reference KL)
             for each node's samples, in creation order:
                 append to every agent's buffer
-                if the buffers hold rollout_buffer_size samples: update() # update.py: mini-batch steps
+                if a buffer holds rollout_buffer_size samples: update()   # update.py: mini-batch steps of the full buffers
             log; maybe checkpoint                                        # runs/logging.py, runs/checkpoint.py
         update() on the partly filled buffers
     closing checkpoint; a signal stops after the batch                  # runs/checkpoint.py, runs/interrupt.py
@@ -346,7 +346,7 @@ class MAGRPOTrainer(JointUpdate):
     def _buffer_and_update(
         self, batch_step: int, roots: list[RolloutNode], samples: list[Sample], elapsed: float, rest: list[Sample]
     ) -> None:
-        """Append ``rest`` node by node, updating whenever every buffer is full, then log the batch."""
+        """Append ``rest`` node by node, updating whenever a buffer is full, then log the batch."""
         args = self.args
         groups = node_groups(rest, self.agents)  # one per node: its acting agents' samples
         for g, group in enumerate(groups):
