@@ -39,6 +39,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import shlex
 import signal
 import sys
@@ -631,10 +632,15 @@ def train_and_summarize(trainer: Any, options: dict[str, Any], resume: str | boo
     return summary
 
 
+def metric_order(name: str) -> list[Any]:
+    """Sort key of metric names with their numbers read as numbers: turn_2 before turn_10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name)]
+
+
 def format_summary(summary: dict[str, Any]) -> str:
-    """The end-of-run table: eval metrics before and after training, and sample answers."""
+    """The end-of-run table: eval metrics before and after training (turns in number order), and sample answers."""
     before, after = summary.get("eval_before") or {}, summary.get("eval_after") or {}
-    names = sorted(set(before) | set(after))
+    names = sorted(set(before) | set(after), key=metric_order)
     width = max([len(n) for n in names] + [6])
     trained = f"trained {summary['batches']} batches"
     if summary.get("resumed_from_batch") is not None:
@@ -669,8 +675,8 @@ def cmd_eval(ns: argparse.Namespace, argv: Sequence[str]) -> int:
 
         checkpoint.load(trainer, checkpoint.resolve(ns.checkpoint, None))
     metrics = trainer.evaluate()
-    for name, value in sorted(metrics.items()):
-        print(f"{name}\t{value:.4f}")
+    for name in sorted(metrics, key=metric_order):
+        print(f"{name}\t{metrics[name]:.4f}")
     return 0
 
 

@@ -103,6 +103,13 @@ def test_the_summary_shows_each_eval_prompt_with_its_answers_before_and_after():
     ]
 
 
+def test_the_summary_lists_turns_in_number_order():
+    turns = {f"eval/turn_{k}/reward_mean": 0.1 * k for k in (10, 2, 1, 11)}
+    summary = {"batches": 1, "optimizer_steps": 1, "seconds": 1.0, "eval_before": turns, "eval_after": turns}
+    listed = [line.split()[0] for line in cli.format_summary(summary).splitlines() if line.startswith("eval/")]
+    assert listed == [f"eval/turn_{k}/reward_mean" for k in (1, 2, 10, 11)]
+
+
 @pytest.mark.parametrize("flags", [["--model", "smolm2-135m"], ["--model", "smollm2-135M", "--lora_r", "4"], ["--model", "tiyn"]])
 def test_a_misspelt_model_name_is_refused_at_once_with_the_name_it_meant(tmp_path, capsys, flags):
     assert main(["train", *flags, "--output_dir", str(tmp_path / "r")]) == 2
