@@ -402,8 +402,6 @@ def _run_of(path: str) -> dict[str, Any]:
         return {}
 
 
-
-
 def _rotate(output_dir: str, limit: int | None, keep: str, run_id: str | None) -> None:
     """Delete the oldest checkpoints of run ``run_id`` beyond ``limit`` (never another run's)."""
     if limit is None:

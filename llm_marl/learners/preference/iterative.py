@@ -248,13 +248,13 @@ class MADPOIterTrainer(MADPOTrainer):
             self.state.batch_in_epoch = 0
 
     def _update(self, full_only: bool = False) -> None:
-        """The round's training (``full_only`` does not apply: a round trains at its end): its pairs (one sample per pair and agent) join the kept rounds,
-        the replay mode chooses the pairs, then ``num_train_epochs`` shuffled passes of
-        ``train_batch_size`` pairs per optimizer step. ``max_steps`` is checked before every
-        optimizer step: reached, the rest of the round is kept (``rounds.cut``, checkpointed)
-        for the next call. A step that raises (a non-finite loss) ends the round's training
-        there (the steps before it stand, no agent takes that step); ``train()`` again goes on
-        with the next round."""
+        """The round's training (``full_only`` does not apply: a round trains at its end): its
+        pairs (one sample per pair and agent) join the kept rounds, the replay mode chooses the
+        pairs, then ``num_train_epochs`` shuffled passes of ``train_batch_size`` pairs per
+        optimizer step. ``max_steps`` is checked before every optimizer step: reached, the rest
+        of the round is kept (``rounds.cut``, checkpointed) for the next call. A step that raises
+        (a non-finite loss) ends the round's training there (the steps before it stand, no agent
+        takes that step); ``train()`` again goes on with the next round."""
         args = self.args
         if self.rounds.cut is not None:
             round_, chosen, done = self.rounds.cut["round"], self.rounds.cut["chosen"], self.rounds.cut["done"]

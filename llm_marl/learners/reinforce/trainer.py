@@ -52,7 +52,7 @@ from llm_marl.runs.fsdp import gathered, save_consolidated, shard_agents
 from llm_marl.runs.interrupt import StopRequests, TrainingInterrupted
 from llm_marl.runs.logging import RunLogger, flush_before, flush_pending, open_wandb, wants_wandb
 from llm_marl.runs.recording import RolloutRecorder
-from llm_marl.runs.rng import seed_everything  # noqa: F401 (also importable from here, as before)
+from llm_marl.runs.rng import seed_everything
 from llm_marl.runs.run_dir import agent_folders
 from llm_marl.tasks.base import TaskError
 
