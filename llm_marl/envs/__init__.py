@@ -17,5 +17,7 @@ __all__, __getattr__, __dir__ = _lazy_exports(
         "llm_marl.envs.registry": ("make", "register", "registered_ids"),
         "llm_marl.envs.spaces": ("Utterance",),
         "llm_marl.envs.turn_based": ("AECWrapper",),
+        "llm_marl.programs.env": ("ProgramEnv",),
+        "llm_marl.programs.loading": ("program_env",),
     },
 )

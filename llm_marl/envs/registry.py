@@ -63,7 +63,7 @@ from pettingzoo import ParallelEnv
 
 from llm_marl.tasks.base import CooperativeTask
 
-__all__ = ["GAMES", "SHIPPED", "EnvSpec", "make", "register", "registered_ids", "resolve", "spec"]
+__all__ = ["GAMES", "PROGRAMS", "SHIPPED", "EnvSpec", "make", "register", "registered_ids", "resolve", "spec"]
 
 
 @dataclass(frozen=True)
@@ -105,6 +105,12 @@ GAMES: dict[str, tuple[str, dict[str, Any]]] = {
     "CoopBoxPushing-v0": ("llm_marl.envs.openspiel:coop_box_pushing", {}),
     "TradeComm-v0": ("llm_marl.envs.openspiel:trade_comm", {}),
     "OpenSpiel-v0": ("llm_marl.envs.openspiel:OpenSpielEnv", {}),
+}
+
+# Programs as environments (llm_marl/programs; extra "program"): make("Program-v0",
+# program="FILE.py:FUNCTION") builds a ProgramEnv (agents and items from the file, or given).
+PROGRAMS: dict[str, tuple[str, dict[str, Any]]] = {
+    "Program-v0": ("llm_marl.programs.loading:program_env", {}),
 }
 
 _REGISTRY: dict[str, EnvSpec] = {}
@@ -310,5 +316,5 @@ def _register_entry_point(env_id: str, value: str) -> None:
 
 for _env_id, (_entry_point, _defaults) in SHIPPED.items():
     register(_env_id, _entry_point, kwargs=_defaults, task=True)
-for _env_id, (_entry_point, _defaults) in GAMES.items():
+for _env_id, (_entry_point, _defaults) in {**GAMES, **PROGRAMS}.items():
     register(_env_id, _entry_point, kwargs=_defaults, task=False)
