@@ -377,6 +377,11 @@ def _run_options(ns: argparse.Namespace, use_default: bool) -> tuple[dict[str, A
         if value is not None:
             options[key] = value
             explicit.add(key)
+    if getattr(ns, "program", None):
+        from llm_marl.programs.command import program_option
+
+        options["env"] = program_option(ns.program, ns.agents, ns.items, options.get("env"))
+        explicit.add("env")
     imports = options.get("import") or []
     imports = [imports] if isinstance(imports, str) else list(imports)
     options["import"] = imports + list(getattr(ns, "imports", None) or [])
@@ -467,8 +472,9 @@ def _sample_prompts(trainer: Any, count: int = 3) -> list[str]:
     env = trainer.eval_env or trainer.env
     prompts = []
     for index in range(min(count, len(getattr(env, "data", [0])))):
-        observations, _ = env.fork().reset(options={"index": index})
-        texts = list(dict.fromkeys(str(observations[agent]) for agent in trainer.agents))
+        fork = env.fork()
+        observations, _ = fork.reset(options={"index": index})
+        texts = list(dict.fromkeys(str(observations[agent]) for agent in getattr(fork, "acting_agents", None) or trainer.agents))
         prompts.append(" | ".join(texts))
     return prompts
 
@@ -478,9 +484,10 @@ def _samples(trainer: Any, count: int = 3) -> list[dict[str, str]]:
     env = trainer.eval_env or trainer.env
     shown = []
     for index in range(min(count, len(getattr(env, "data", [0])))):
-        observations, _ = env.fork().reset(options={"index": index})
+        fork = env.fork()
+        observations, _ = fork.reset(options={"index": index})
         entry = {}
-        for agent in trainer.agents:
+        for agent in getattr(fork, "acting_agents", None) or trainer.agents:  # turn-based envs: who answers first
             [[completion]] = trainer.policies[agent].sample([observations[agent]], 1)
             entry[agent] = completion.text
         shown.append(entry)
@@ -491,7 +498,7 @@ def cmd_train(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     from llm_marl.runs import checkpoint, run_folder
     from llm_marl.runs.interrupt import TrainingInterrupted
 
-    use_default = not ns.env and not ns.config
+    use_default = not ns.env and not ns.config and not ns.program
     options, explicit = _run_options(ns, use_default)
     resume = None
     if ns.resume is not None:
@@ -665,7 +672,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 def cmd_eval(ns: argparse.Namespace, argv: Sequence[str]) -> int:
-    options, explicit = _run_options(ns, use_default=not ns.env and not ns.config)
+    options, explicit = _run_options(ns, use_default=not ns.env and not ns.config and not ns.program)
     options.pop("output_dir", None)
     if ns.checkpoint and not os.path.isdir(ns.checkpoint):
         raise UsageError(f"--checkpoint {ns.checkpoint}: no such checkpoint folder")
@@ -787,6 +794,9 @@ def parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
         group = p.add_argument_group("run")
         group.add_argument("--config", help="YAML file of config fields and env/policy/learner/model/actions/import")
         group.add_argument("--env", help="env id (`llm-marl list`), an entry point package.module:factory, or an id from --import or an installed package's llm_marl.envs entry points")
+        group.add_argument("--program", metavar="FILE.py:FUNCTION", help="train the agents of a program(item, client) written with the openai client (docs/programs.md); instead of --env")
+        group.add_argument("--agents", metavar="A,B", help="with --program: the model names it calls (default: its module's agents)")
+        group.add_argument("--items", metavar="FILE.jsonl", help="with --program: its items, one JSON object a line (default: its module's items)")
         group.add_argument("--policy", choices=["tabular", "lm"], help="policy kind for every agent (default tabular; lm without --env)")
         group.add_argument("--model", help="for --policy lm: a model folder, a run's final/ folder (a folder per agent: final/player_1 ..., or agent_i from older runs), a hub id, a named model (smollm2-135m; `llm-marl models`), or 'tiny'")
         group.add_argument("--learner", choices=sorted(LEARNERS), help=f"learner (default magrpo; this help shows {config_name})")

@@ -1,0 +1,80 @@
+"""A multi-agent program written only with the ``openai`` client, trained as it is.
+
+A writer drafts a line about a topic; an editor is shown the draft and rewrites it. The program
+scores the team itself: the edited line should mention the topic's words and stay short. Nothing
+here knows about llm_marl: ``team(item, client)`` is what you would run against any
+OpenAI-compatible server. llm_marl hands it a client on a local endpoint where each ``model``
+is an agent it trains (docs/programs.md).
+
+From the command (agents and items come from this module)::
+
+    llm-marl train --program examples/program_team.py:team --policy lm --model tiny --learner magrpo \\
+        --num_turns 2 --num_generations 2 --max_steps 2 --threads 1
+
+In Python::
+
+    python examples/program_team.py            # a few MAGRPO steps on the tiny model
+"""
+
+from __future__ import annotations
+
+agents = ("writer", "editor")
+"""The model names the program calls: one trained agent each."""
+num_turns = 2
+"""The most steps of calls (the writer's, then the editor's)."""
+items = [{"topic": topic} for topic in ("the sea", "a small ship", "the weather today", "a story")]
+"""The program's inputs, one rollout each."""
+
+
+SIMPLE_TEMPLATE = (
+    "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+)
+"""A chat template for a model without one (calls are lists of messages)."""
+
+
+def score(topic: str, edited: str) -> float:
+    """The share of the topic's words the edited line mentions, plus 0.05 a word up to 8 words,
+    less 0.05 a word past 12."""
+    wanted = set(topic.lower().split())
+    said = set(edited.lower().replace(".", " ").split())
+    count = len(edited.split())
+    return len(wanted & said) / len(wanted) + 0.05 * min(count, 8) - 0.05 * max(0, count - 12)
+
+
+def team(item: dict, client) -> tuple[float, dict]:
+    """Writer, then editor; returns the team's score and the draft (shown in the run's trees)."""
+    draft = client.chat.completions.create(
+        model="writer", messages=[{"role": "user", "content": f"Write one sentence about {item['topic']}."}]
+    ).choices[0].message.content
+    edited = client.chat.completions.create(
+        model="editor",
+        messages=[{"role": "system", "content": "You edit sentences: keep them short."}, {"role": "user", "content": f"Edit: {draft}"}],
+    ).choices[0].message.content
+    return score(item["topic"], edited), {"draft": draft, "edited": edited}
+
+
+def main(max_steps: int = 4) -> dict:
+    """Train the team with MAGRPO on the tiny model; returns its optimizer steps and the
+    evaluation before and after."""
+    import copy
+
+    from llm_marl import CausalLMPolicy, MAGRPOConfig, MAGRPOTrainer
+    from llm_marl.envs import ProgramEnv
+    from llm_marl.policies.tiny import load_tiny
+
+    model, tokenizer = load_tiny()
+    tokenizer.chat_template = SIMPLE_TEMPLATE  # the tiny model has none; instruct models (smollm2-135m) bring theirs
+    env = ProgramEnv(team, agents, items, num_turns=num_turns)
+    policies = [CausalLMPolicy(copy.deepcopy(model), tokenizer, max_new_tokens=12) for _ in agents]
+    args = MAGRPOConfig(num_turns=num_turns, num_generations=2, max_steps=max_steps, items_per_step=1, rollout_buffer_size=1,
+                        eval_interval=0, progress_bar=False, seed=0, early_termination_threshold=None)
+    trainer = MAGRPOTrainer(env=env, policies=policies, args=args, eval_env=env)  # evaluated on its training items
+    before = trainer.evaluate()
+    trainer.train()
+    after = trainer.evaluate()
+    env.close()
+    return {"optimizer_steps": trainer.state.global_step, "before": before, "after": after}
+
+
+if __name__ == "__main__":
+    print(main())

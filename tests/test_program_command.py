@@ -1,0 +1,59 @@
+"""``llm-marl train --program FILE.py:FUNCTION`` and examples/program_team.py (issue 45), on the
+tiny model given a chat template (a program's calls are lists of messages)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("openai")
+
+from llm_marl import cli  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+
+import program_team  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_chat_dir(tmp_path_factory):
+    from llm_marl.policies.tiny import load_tiny
+
+    model, tokenizer = load_tiny()
+    tokenizer.chat_template = program_team.SIMPLE_TEMPLATE
+    path = tmp_path_factory.mktemp("tiny_chat")
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def test_train_program_from_the_command_with_agents_and_items_from_flags(tiny_chat_dir, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(ROOT)
+    items = tmp_path / "items.jsonl"
+    items.write_text("\n".join(json.dumps({"topic": t}) for t in ("the sea", "a ship")) + "\n")
+    out = tmp_path / "run"
+    code = cli.main(["train", "--program", "examples/program_team.py:team", "--agents", "writer,editor", "--items", str(items),
+                     "--policy", "lm", "--model", tiny_chat_dir, "--learner", "magrpo", "--num_turns", "2", "--num_generations", "2",
+                     "--max_steps", "1", "--max_new_tokens", "4", "--threads", "1", "--output_dir", str(out), "--progress_bar", "false"])
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "1 optimizer step" in printed and "rollout trees recorded" in printed
+    trees = [json.loads(line) for path in (out / "rollouts").iterdir() for line in path.read_text().splitlines() if line.strip()]
+    assert trees and "Write one sentence about" in json.dumps(trees[0])
+
+
+def test_program_flag_errors_name_the_flag(capsys):
+    assert cli.main(["train", "--program", "examples/program_team.py", "--policy", "lm"]) == 2
+    assert "--program examples/program_team.py: name a function as FILE.py:FUNCTION" in capsys.readouterr().err
+    assert cli.main(["train", "--program", "examples/program_team.py:team", "--env", "ClimbingGame-v0"]) == 2
+    assert "--program examples/program_team.py:team and --env ClimbingGame-v0: give one of them" in capsys.readouterr().err
+
+
+def test_the_example_trains_in_python_for_a_step():
+    result = program_team.main(max_steps=1)
+    assert result["optimizer_steps"] == 1
+    assert set(result["before"]) == set(result["after"]) and any("reward" in name for name in result["after"])
