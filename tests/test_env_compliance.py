@@ -18,7 +18,9 @@ from pettingzoo.utils.conversions import parallel_to_aec
 from llm_marl.envs import DialogueEnv, Utterance, make, register, registered_ids
 from llm_marl.tasks import CooperativeTask
 
-ENV_IDS = registered_ids()
+from llm_marl.envs.registry import PROGRAMS  # noqa: E402 (Program-v0 needs a program: tests/test_programs.py)
+
+ENV_IDS = [env_id for env_id in registered_ids() if env_id not in PROGRAMS]
 try:
     import pyspiel  # noqa: F401
 except ImportError:  # the OpenSpiel games need the optional "games" extra
