@@ -194,7 +194,7 @@ class ProgramEnv(ParallelEnv):
     def step(self, actions: Mapping[str, str]):
         self._check_actions(actions)
         replies = {a: actions[a] for a in self._acting}
-        if self._run is None:
+        if self._run is None or self._run.cancelled:  # a fork, or a run its endpoint's close() ended
             self._start()
             self._replay()
         record = {a: (self._observations[a], replies[a]) for a in self._acting}
