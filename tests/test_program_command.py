@@ -57,3 +57,22 @@ def test_the_example_trains_in_python_for_a_step():
     result = program_team.main(max_steps=1)
     assert result["optimizer_steps"] == 1
     assert set(result["before"]) == set(result["after"]) and any("reward" in name for name in result["after"])
+
+
+def test_the_agents_sdk_example_is_one_step_per_sdk_agent_and_trains_for_a_step():
+    pytest.importorskip("agents", reason="the extra agents_sdk (openai-agents) is not installed")
+    import program_agents_sdk
+
+    from llm_marl.envs import ProgramEnv
+
+    env = ProgramEnv(program_agents_sdk.team, program_agents_sdk.agents, program_agents_sdk.items)
+    observations, _ = env.reset(options={"index": 0})
+    assert env.acting_agents == ["writer"]
+    assert observations["writer"] == [{"role": "system", "content": "Write one sentence about the topic."}, {"role": "user", "content": "Topic: the sea"}]
+    observations, *_ = env.step({"writer": "The sea is wide."})
+    assert env.acting_agents == ["editor"] and observations["editor"][1] == {"role": "user", "content": "Edit: The sea is wide."}
+    _, rewards, terminations, _, infos = env.step({"editor": "The sea."})
+    assert rewards["writer"] == pytest.approx(program_agents_sdk.score("the sea", "The sea.")) and all(terminations.values())
+    assert infos["editor"]["reward_details"] == {"draft": "The sea is wide.", "edited": "The sea."}
+    env.close()
+    assert program_agents_sdk.main(max_steps=1)["optimizer_steps"] == 1

@@ -39,6 +39,9 @@ def load_program(spec: str | Callable[..., Any]) -> tuple[Callable[..., Any], An
         path = Path(source)
         if not path.is_file():
             raise FileNotFoundError(f"--program {spec}: no file {source} (from {os.getcwd()})")
+        folder = str(path.resolve().parent)
+        if folder not in sys.path:  # its neighbours import as they would under `python FILE.py`
+            sys.path.insert(0, folder)
         module_name = f"llm_marl_program_{path.stem}"
         module = sys.modules.get(module_name)
         if module is None or getattr(module, "__file__", None) != str(path.resolve()):
