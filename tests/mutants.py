@@ -412,6 +412,20 @@ MUTANTS: list[Mutant] = [
         ("tests/test_openspiel.py::test_illegal_rate_is_logged_per_agent",),
     ),
     Mutant(
+        "programs: a step is taken while an async program's loop still runs",
+        "llm_marl/programs/run.py",
+        "return self.done or (bool(self.pending) and self._idle and self._in_flight == self._held_ours)",
+        "return self.done or (bool(self.pending) and self._in_flight == self._held_ours)",
+        ("tests/test_programs.py::test_an_async_program_working_between_two_calls_is_waited_for_until_its_loop_is_idle",),
+    ),
+    Mutant(
+        "programs: a replayed call is not compared with the recorded one",
+        "llm_marl/programs/env.py",
+        "                if outcome.calls[agent] != observation:",
+        "                if False:",
+        ("tests/test_programs.py::test_a_replayed_call_whose_messages_differ_stops_the_run_naming_the_call_and_message",),
+    ),
+    Mutant(
         "turn-based: every agent is asked at every node, acting or not",
         "llm_marl/learners/tree.py",
         "asked = {agent: [o for o in frontier if agent in o.acting] for agent in agents}",

@@ -149,6 +149,24 @@ def test_calls_gathered_by_an_async_program_are_one_step_and_a_second_call_of_an
     env.close()
 
 
+def test_an_async_program_working_between_two_calls_is_waited_for_until_its_loop_is_idle():
+    """The writer's call is held while the program still runs (a loop never idle) before it calls
+    the editor: both calls are one step, however long the work takes."""
+    async def program(item, client):
+        writer = asyncio.ensure_future(client.chat.completions.create(model="writer", messages=[{"role": "user", "content": "w"}]))
+        for _ in range(3000):
+            await asyncio.sleep(0)  # work between the calls, yielding to the loop
+        editor = await client.chat.completions.create(model="editor", messages=[{"role": "user", "content": "e"}])
+        return float(len((await writer).choices[0].message.content + editor.choices[0].message.content))
+
+    env = ProgramEnv(program, ("writer", "editor"), [{}])
+    env.reset(options={"index": 0})
+    assert env.acting_agents == ["writer", "editor"]
+    _, rewards, *_ = env.step({"writer": "ab", "editor": "c"})
+    assert rewards == {"writer": 3.0, "editor": 3.0}
+    env.close()
+
+
 def test_forks_replay_the_recorded_replies_and_branch_k_ways():
     runs = []
 
