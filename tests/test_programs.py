@@ -212,6 +212,45 @@ def test_a_replayed_call_whose_messages_differ_stops_the_run_naming_the_call_and
     env.close()
 
 
+def test_completion_calls_streamed_calls_and_the_models_list_work_through_the_openai_client():
+    seen = {}
+
+    def program(item, client):
+        seen["models"] = [m.id for m in client.models.list()]
+        text = client.completions.create(model="writer", prompt="Once upon").choices[0].text
+        stream = client.chat.completions.create(model="editor", messages=[{"role": "user", "content": text}], stream=True)
+        edited = "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices)
+        return float(len(edited))
+
+    env = ProgramEnv(program, ("writer", "editor"), [{}])
+    observations, _ = env.reset(options={"index": 0})
+    assert seen["models"] == ["writer", "editor"] and observations["writer"] == "Once upon"  # a completion's prompt
+    observations, *_ = env.step({"writer": " a time"})
+    assert observations["editor"] == [{"role": "user", "content": " a time"}]
+    _, rewards, *_ = env.step({"editor": "four"})
+    assert rewards["editor"] == 4.0
+    env.close()
+
+
+def test_a_call_with_n_above_1_is_refused_with_openais_error_and_fails_the_rollout():
+    caught = {}
+
+    def program(item, client):
+        client.chat.completions.create(model="writer", messages=[{"role": "user", "content": "go"}])
+        try:
+            client.chat.completions.create(model="editor", messages=[{"role": "user", "content": "x"}], n=2)
+        except Exception as exc:  # the openai client's own error, as from any server
+            caught["error"] = exc
+            raise
+
+    env = ProgramEnv(program, ("writer", "editor"), [{}])
+    env.reset(options={"index": 0})
+    with pytest.raises(ProgramError, match=r"a call was refused \(400\): n must be 1 while training"):
+        env.step({"writer": "x"})
+    assert type(caught["error"]).__name__ == "BadRequestError" and caught["error"].status_code == 400
+    env.close()
+
+
 def raises_at_the_editor(item, client):
     client.chat.completions.create(model="writer", messages=[{"role": "user", "content": "go"}])
     raise ValueError("the editor is out")
