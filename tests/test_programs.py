@@ -26,7 +26,7 @@ torch.set_num_threads(1)
 from pettingzoo.test import parallel_api_test  # noqa: E402
 
 from llm_marl.envs import DialogueEnv, ProgramEnv  # noqa: E402
-from llm_marl.learners import MAGRPOConfig, MAGRPOTrainer  # noqa: E402
+from llm_marl.learners import IACConfig, IACTrainer, MAGRPOConfig, MAGRPOTrainer  # noqa: E402
 from llm_marl.learners.tree import collect_trees  # noqa: E402
 from llm_marl.policies.causal_lm import CausalLMPolicy  # noqa: E402
 from llm_marl.policies.scripted import ScriptedPolicy  # noqa: E402
@@ -113,17 +113,35 @@ def test_a_programs_trees_and_weights_after_two_magrpo_steps_equal_the_hand_writ
     assert root.children[0].observations["editor"] == [{"role": "user", "content": f"Edit: {root.completions['writer'][0].text}"}]
     assert any(r != 0 for child in root.children for r in child.rewards)
 
+    assert_same_weights_after_two_steps(chat_model, program_env, MAGRPOConfig, MAGRPOTrainer, args)
+    program_env.close()
+
+
+def assert_same_weights_after_two_steps(chat_model, program_env, config_class, trainer_class, args):
     trained = {}
     for name, env in (("program", program_env), ("task", DialogueEnv(Team()))):
         team_policies = lm_policies(chat_model)
-        trainer = MAGRPOTrainer(env=env, policies=team_policies, args=MAGRPOConfig(**args))
+        trainer = trainer_class(env=env, policies=team_policies, args=config_class(**args))
         trainer.train()
         assert trainer.state.global_step == 2
-        trained[name] = {a: [p.detach().clone() for p in team_policies[a].model.parameters()] for a in team_policies}
+        trained[name] = {a: [p.detach().clone() for p in trainer.policies[a].model.parameters()] for a in team_policies}
+        critics = getattr(trainer, "critics", None) or {}
+        trained[name].update({f"critic {a}": [p.detach().clone() for p in c.parameters()] for a, c in critics.items()})
     start = lm_policies(chat_model)
+    assert set(trained["program"]) == set(trained["task"])
+    for key in trained["program"]:
+        assert all(torch.equal(p, q) for p, q in zip(trained["program"][key], trained["task"][key])), key
     for agent in ("writer", "editor"):
-        assert all(torch.equal(p, q) for p, q in zip(trained["program"][agent], trained["task"][agent]))
         assert not all(torch.equal(p, q) for p, q in zip(trained["program"][agent], start[agent].model.parameters()))  # it trained
+
+
+def test_iac_on_a_program_equals_iac_on_the_hand_written_task_whose_critics_read_every_agent(chat_model):
+    """IAC's critics value every agent's observation at every node, the non-acting agent's too
+    (a program gives it the empty prompt, as the task does)."""
+    args = dict(num_turns=2, num_generations=2, num_train_epochs=1, items_per_step=1, rollout_buffer_size=1, max_steps=2,
+                agent_learning_rate=1e-2, eval_interval=0, progress_bar=False, seed=0, early_termination_threshold=None)
+    program_env = ProgramEnv(team, ("writer", "editor"), datasets.Dataset.from_list(ITEMS), num_turns=2)
+    assert_same_weights_after_two_steps(chat_model, program_env, IACConfig, IACTrainer, args)
     program_env.close()
 
 
@@ -140,7 +158,7 @@ def test_calls_gathered_by_an_async_program_are_one_step_and_a_second_call_of_an
     assert env.acting_agents == ["writer", "editor"] and infos["writer"]["acting_agents"] == ["writer", "editor"]
     assert observations == {"writer": [{"role": "user", "content": "w1"}], "editor": [{"role": "user", "content": "e1"}]}
     observations, rewards, terminations, *_ = env.step({"writer": "A", "editor": "B"})
-    assert env.acting_agents == ["editor"] and observations["editor"] == [{"role": "user", "content": "e2"}] and observations["writer"] == []
+    assert env.acting_agents == ["editor"] and observations["editor"] == [{"role": "user", "content": "e2"}] and observations["writer"] == ""
     assert rewards == {"writer": 0.0, "editor": 0.0} and terminations == {"writer": False, "editor": False}
     observations, *_ = env.step({"editor": "C", "writer": "ignored: not acting"})
     assert observations["writer"] == [{"role": "user", "content": "ABC"}]

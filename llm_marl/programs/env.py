@@ -9,8 +9,8 @@ Agents                 ``agents``: the ``model`` names the program calls
 Acting agents          those with a call held at this step (:attr:`ProgramEnv.acting_agents`,
                        and every info's ``"acting_agents"``); the others answer nothing
 Observation space      :class:`~llm_marl.programs.messages.Messages`: a call's messages
-                       (``[{"role", "content"}, ...]``), a completion call's prompt, ``[]``
-                       for an agent not calling
+                       (``[{"role", "content"}, ...]``), a completion call's prompt, ``""``
+                       for an agent not calling (and after the end), as tasks give
 Action space           :class:`~llm_marl.envs.spaces.Utterance`: the reply (any string)
 Step                   every call pending together (:mod:`llm_marl.programs.run`) is one step;
                        ``step(actions)`` answers them and waits for the next step or the end
@@ -69,6 +69,9 @@ from llm_marl.programs.messages import Messages, first_difference
 from llm_marl.programs.run import ProgramRun
 
 ON_PROGRAM_ERROR = ("raise", "zero", "penalty")
+NO_CALL = ""
+"""The observation of an agent with no call at a step: the empty prompt, which every policy
+renders (learners that read every agent's observation, such as IAC's critics, read it too)."""
 
 
 class ProgramWarning(UserWarning):
@@ -320,7 +323,7 @@ class ProgramEnv(ParallelEnv):
                 self._run.answer({agent: reply for agent, (_, reply) in record.items()})
 
     def _observe(self, calls: Mapping[str, Any]) -> dict[str, Any]:
-        return {a: calls.get(a, []) for a in self.possible_agents}
+        return {a: calls.get(a, NO_CALL) for a in self.possible_agents}
 
     def _infos(self, turn: int, details: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
         acting = list(self._acting) if self.agents else []
@@ -331,8 +334,8 @@ class ProgramEnv(ParallelEnv):
         self._release()
         infos = {a: {"turn": played, "index": self.item_index, "reward_details": dict(details), "acting_agents": []} for a in agents}
         self.agents, self._acting = [], ()
-        self._observations = {a: [] for a in self.possible_agents}
-        return ({a: [] for a in agents}, {a: reward for a in agents}, {a: True for a in agents}, {a: False for a in agents}, infos)
+        self._observations = {a: NO_CALL for a in self.possible_agents}
+        return ({a: NO_CALL for a in agents}, {a: reward for a in agents}, {a: True for a in agents}, {a: False for a in agents}, infos)
 
     def _check_actions(self, actions: Mapping[str, str]) -> None:
         if not self.agents:

@@ -4,7 +4,7 @@ A chat call (``/v1/chat/completions``) becomes the list of its ``{"role", "conte
 (content as plain text; roles system/user/assistant, ``developer`` read as system), which a
 :class:`~llm_marl.policies.CausalLMPolicy` renders with the agent's chat template. A text
 completion call (``/v1/completions``) becomes its prompt string. An agent that does not call at a
-step is given the empty list.
+step is given the empty string.
 """
 
 from __future__ import annotations
