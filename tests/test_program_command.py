@@ -31,7 +31,21 @@ def tiny_chat_dir(tmp_path_factory):
     return str(path)
 
 
-def test_train_program_from_the_command_with_agents_and_items_from_flags(tiny_chat_dir, tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def scratch_registry(monkeypatch):
+    """The id --program registers vanishes afterwards (other tests list the registry)."""
+    import pettingzoo
+
+    from llm_marl.envs import registry
+
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    before = set(getattr(pettingzoo, "parallel_registry", {}))
+    yield
+    for env_id in set(getattr(pettingzoo, "parallel_registry", {})) - before:
+        del pettingzoo.parallel_registry[env_id]
+
+
+def test_train_program_from_the_command_with_agents_and_items_from_flags(tiny_chat_dir, tmp_path, monkeypatch, capsys, scratch_registry):
     monkeypatch.chdir(ROOT)
     items = tmp_path / "items.jsonl"
     items.write_text("\n".join(json.dumps({"topic": t}) for t in ("the sea", "a ship")) + "\n")
@@ -46,7 +60,7 @@ def test_train_program_from_the_command_with_agents_and_items_from_flags(tiny_ch
     assert trees and "Write one sentence about" in json.dumps(trees[0])
 
 
-def test_program_flag_errors_name_the_flag(capsys):
+def test_program_flag_errors_name_the_flag(capsys, scratch_registry):
     assert cli.main(["train", "--program", "examples/program_team.py", "--policy", "lm"]) == 2
     assert "--program examples/program_team.py: name a function as FILE.py:FUNCTION" in capsys.readouterr().err
     assert cli.main(["train", "--program", "examples/program_team.py:team", "--env", "ClimbingGame-v0"]) == 2
