@@ -38,3 +38,8 @@ The classes are thin adapters over :mod:`llm_marl.learners`; the behaviour that 
 differs from CoMLRL (every answer token scored, ``discount`` honoured, ``joint_mode="crossed"``
 the same as "cross") is listed in docs/migrating.md.
 """
+
+__version__ = "1.4.3"
+"""The CoMLRL release whose API this namespace serves (``comlrl.__version__`` is the installed CoMLRL's)."""
+
+__all__ = ["__version__"]
