@@ -46,9 +46,10 @@ touches the logits: a hub model's own ``generation_config.json`` (e.g. ``repetit
 cannot change what is sampled. ``use_hf_generate=True`` (or any ``generation_kwargs``) samples
 through ``model.generate`` instead, e.g. for models whose cache cannot be repeated by row.
 So does a ``generate`` that the script set on the model object (``model.generate = stub``, as
-CoMLRL's tests inject completions): it is called once per prompt with ``input_ids``,
-``attention_mask``, ``generation_config`` and ``num_return_sequences``, and returns the prompt
-followed by the answer, one row per answer (a tensor, or an object with ``.sequences``).
+CoMLRL's tests inject completions): it is called with ``input_ids``, ``attention_mask``,
+``generation_config`` and ``num_return_sequences``, once per prompt (batched as above with
+``use_hf_generate=True``), and returns the prompt followed by the answer, one row per answer (a
+tensor, or an object with ``.sequences``).
 
 Under ``use_hf_generate`` the generation config is built from this policy's settings alone:
 ``temperature``, ``top_k`` (None → 0, disabled), ``top_p`` (None → 1.0), ``min_new_tokens``, with
@@ -749,8 +750,8 @@ class CausalLMPolicy:
             per_call = max(1, self.max_batch_size // num_samples)
         replaced = routes is None and self.generate_replaced
         hf_generate = replaced or (routes is None and (self.use_hf_generate or bool(self.generation_kwargs)))
-        if replaced:
-            per_call = 1  # a replaced generate gets one prompt a call, as CoMLRL calls it
+        if replaced and not self.use_hf_generate:
+            per_call = 1  # a stub set on the model gets one prompt a call, as CoMLRL calls it
         was_training = self.model.training
         self.model.eval()
         try:
@@ -824,7 +825,8 @@ class CausalLMPolicy:
     @property
     def generate_replaced(self) -> bool:
         """Whether the script replaced the model's ``generate`` (an attribute of the model object, as
-        CoMLRL's tests stub it): sampling then goes through it, one prompt a call."""
+        CoMLRL's tests stub it): sampling then goes through it, one prompt a call unless
+        ``use_hf_generate``."""
         return "generate" in getattr(self.model, "__dict__", {})
 
     def _generate(self, prompts: list[list[int]], num_samples: int) -> list[list[Completion]]:
