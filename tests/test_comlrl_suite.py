@@ -48,3 +48,13 @@ def test_all_modules_collect(suite_run):
 def test_every_expected_failure_carries_a_reason_that_checks_out(suite_run):
     *_, tests = suite_run
     assert suite.reason_problems(suite.load_expectations()["expected"], tests) == []
+
+
+def test_a_failed_download_fails_in_one_line(tmp_path, monkeypatch):
+    """No index reachable (a closed local port): the check fails saying so, it does not skip."""
+    for name, value in {"PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_EXTRA_INDEX_URL": "http://127.0.0.1:9/simple",
+                        "PIP_FIND_LINKS": str(tmp_path), "PIP_RETRIES": "0", "PIP_DEFAULT_TIMEOUT": "2"}.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(suite.DownloadFailed) as err:
+        suite.fetch_tests(tmp_path)
+    assert str(err.value).startswith("could not download the comlrl==1.4.3 sdist with pip: ") and "\n" not in str(err.value)
