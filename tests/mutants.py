@@ -991,6 +991,21 @@ MUTANTS: list[Mutant] = [
         "                p.grad.div_(1)",
         ("tests/test_fsdp.py::test_sharded_critics_resume_exactly_and_maac_and_a_team_train_like_one_process",),
     ),
+    # --- issue 42: CoMLRL's own suite on llm_marl --------------------------------------------------
+    Mutant(
+        "a generate stub set on the model is ignored: the decode loop samples",
+        "llm_marl/policies/causal_lm.py",
+        '        return "generate" in getattr(self.model, "__dict__", {})',
+        "        return False",
+        ("tests/test_generate_stub.py",),
+    ),
+    Mutant(
+        "read_checkpoint_metadata reports dataset batches, not the checkpoint's optimizer step",
+        "llm_marl/comlrl/utils/checkpoint.py",
+        '"sequence": int(saved["state"]["global_step"]),',
+        '"sequence": int(saved["state"]["batch_step"]),',
+        ("tests/test_comlrl_public_names.py::test_read_checkpoint_metadata_reads_an_llm_marl_checkpoint",),
+    ),
 ]
 
 def run_one(mutant: Mutant, timeout: float) -> tuple[str, str, float]:

@@ -51,7 +51,8 @@ def test_import_paths_mirror_comlrl():
                           (MARLOOTrainer, learners.MARLOOTrainer), (MAReMaxTrainer, learners.MAReMaxTrainer)]:
         assert issubclass(trainer, base)
     assert [c().advantage_mode for c in (MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig)] == ["mean", "raw", "rloo", "max"]
-    assert set(comlrl_reinforce.__all__) == {f"{n}{k}" for n in ("MAGRPO", "MAREINFORCE", "MARLOO", "MAReMax") for k in ("Config", "Trainer")}
+    assert set(comlrl_reinforce.__all__) == {f"{n}{k}" for n in ("MAGRPO", "CentralizedMAGRPO", "MAREINFORCE", "MARLOO", "MAReMax")
+                                             for k in ("Config", "Trainer")}
 
 
 # --- RewardProcessors (CoMLRL: scale(factor=1.0) multiplies, shift(value=0.0) adds) -------------

@@ -32,9 +32,22 @@ What is here:
 - ``trainers.preference.iterative``: ``MADPOIterConfig`` / ``MADPOIterTrainer``,
   ``MARLHFIterConfig`` / ``MARLHFIterTrainer`` (the "current" comparator only).
 
-Not here: the iterative learners' other comparators, and CoMLRL's other internal helpers.
+- every other ``__all__`` name of CoMLRL 1.4.3 and every public module path its tests and user
+  guide import: ``schedulers`` (``DeviceScheduler``), ``utils.checkpoint``
+  (``read_checkpoint_metadata`` reads llm_marl checkpoints), ``utils.reference_kl``,
+  ``utils.distributed``, ``utils.wandb_utils``, ``utils.tokenizer_utils``,
+  ``utils.model_loading``, ``trainers.actor_critic.ac_base``,
+  ``trainers.preference.collaboration`` / ``checkpointing`` / ``output_paths``. CoMLRL's
+  checkpoint internals raise one line naming the llm_marl way (docs/migrating.md).
+
+Not here: the iterative learners' other comparators.
 
 The classes are thin adapters over :mod:`llm_marl.learners`; the behaviour that deliberately
 differs from CoMLRL (every answer token scored, ``discount`` honoured, ``joint_mode="crossed"``
 the same as "cross") is listed in docs/migrating.md.
 """
+
+__version__ = "1.4.3"
+"""The CoMLRL release whose API this namespace serves (``comlrl.__version__`` is the installed CoMLRL's)."""
+
+__all__ = ["__version__"]

@@ -45,6 +45,11 @@ their mass reach ``top_p``). ``min_new_tokens`` forbids eos before that many tok
 touches the logits: a hub model's own ``generation_config.json`` (e.g. ``repetition_penalty``)
 cannot change what is sampled. ``use_hf_generate=True`` (or any ``generation_kwargs``) samples
 through ``model.generate`` instead, e.g. for models whose cache cannot be repeated by row.
+So does a ``generate`` that the script set on the model object (``model.generate = stub``, as
+CoMLRL's tests inject completions): it is called with ``input_ids``, ``attention_mask``,
+``generation_config`` and ``num_return_sequences``, once per prompt (batched as above with
+``use_hf_generate=True``), and returns the prompt followed by the answer, one row per answer (a
+tensor, or an object with ``.sequences``).
 
 Under ``use_hf_generate`` the generation config is built from this policy's settings alone:
 ``temperature``, ``top_k`` (None → 0, disabled), ``top_p`` (None → 1.0), ``min_new_tokens``, with
@@ -743,7 +748,10 @@ class CausalLMPolicy:
         per_call = len(prompts)
         if self.max_batch_size is not None:
             per_call = max(1, self.max_batch_size // num_samples)
-        hf_generate = routes is None and (self.use_hf_generate or bool(self.generation_kwargs))
+        replaced = routes is None and self.generate_replaced
+        hf_generate = replaced or (routes is None and (self.use_hf_generate or bool(self.generation_kwargs)))
+        if replaced and not self.use_hf_generate:
+            per_call = 1  # a stub set on the model gets one prompt a call, as CoMLRL calls it
         was_training = self.model.training
         self.model.eval()
         try:
@@ -814,15 +822,27 @@ class CausalLMPolicy:
         uniform per row (the global RNG)."""
         return sampling.draw(logits, self.draw_settings(), ban_eos)
 
+    @property
+    def generate_replaced(self) -> bool:
+        """Whether the script replaced the model's ``generate`` (an attribute of the model object, as
+        CoMLRL's tests stub it): sampling then goes through it, one prompt a call unless
+        ``use_hf_generate``."""
+        return "generate" in getattr(self.model, "__dict__", {})
+
     def _generate(self, prompts: list[list[int]], num_samples: int) -> list[list[Completion]]:
-        """Sampling through ``model.generate`` (``use_hf_generate=True`` or ``generation_kwargs``)."""
+        """Sampling through ``model.generate`` (``use_hf_generate=True``, ``generation_kwargs``, or a
+        replaced ``generate``, which also gets ``num_return_sequences``)."""
         input_ids, attention_mask = self._left_pad(prompts)
         width = input_ids.shape[1]
         config = self.generation_config(self._max_new_tokens(width), num_samples)
         # The raw logits of every step, for the sampler's record (generation_kwargs may say otherwise).
         config.output_logits, config.return_dict_in_generate = True, True
         model_kwargs = config.update(**self.generation_kwargs)  # the rest goes to the model
-        output = self._sampling_runner().model.generate(
+        if self.generate_replaced:  # the script's own generate, on the model it was set on
+            model, model_kwargs = self.model, {**model_kwargs, "num_return_sequences": num_samples}
+        else:
+            model = self._sampling_runner().model
+        output = model.generate(
             input_ids=input_ids,
             attention_mask=attention_mask,
             generation_config=config,

@@ -63,4 +63,17 @@ class MARLHFIterTrainer(CoMLRLJointText, RLPhaseKeywords, CoMLRLTrain, _iter.MAR
     config_class = MARLHFIterConfig
 
 
-__all__ = ["MADPOIterConfig", "MADPOIterTrainer", "MARLHFIterConfig", "MARLHFIterTrainer"]
+@dataclass
+class PreferenceReplayShard:
+    """CoMLRL's record of one round's saved preference pairs (llm_marl's iterative trainers keep
+    their replay in ``preference_replay_dir`` themselves and do not make these)."""
+
+    iteration: int
+    """The round."""
+    path: str
+    """The file holding the round's pairs."""
+    num_pairs: int
+    """How many pairs it holds."""
+
+
+__all__ = ["MADPOIterConfig", "MADPOIterTrainer", "MARLHFIterConfig", "MARLHFIterTrainer", "PreferenceReplayShard"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from llm_marl.learners.reinforce import config as _config
 from llm_marl.learners.reinforce import trainer as _reinforce
@@ -27,4 +28,28 @@ class MAGRPOTrainer(CoMLRLTrain, _reinforce.MAGRPOTrainer):
     config_class = MAGRPOConfig
 
 
-__all__ = ["MAGRPOConfig", "MAGRPOTrainer"]
+@dataclass
+class NodeSample:
+    """CoMLRL's record of one node of MAGRPO's rollout tree: one agent's answers at one turn.
+
+    llm_marl's trainers record their tree as :class:`llm_marl.rollouts.RolloutNode` and do not
+    make these; the class is here for scripts that build or read them.
+    """
+
+    agent_idx: int
+    """The agent's position."""
+    turn_idx: int
+    """The turn (0-based)."""
+    completions_data: dict[str, Any]
+    """The prompt and answers of the node (token ids and text)."""
+    returns: list[float]
+    """One return per answer."""
+    node_mean_reward: float
+    """The mean immediate reward of the node's answers."""
+    node_mean_return: float
+    """The mean return of the node's answers."""
+    node_env_step: int
+    """The environment step at which the node was sampled."""
+
+
+__all__ = ["MAGRPOConfig", "MAGRPOTrainer", "NodeSample"]
