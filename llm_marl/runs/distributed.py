@@ -6,8 +6,8 @@ Launch any training script (or ``llm-marl train``) unchanged::
     # several machines: the same on each, plus
     #   --nnodes N --node_rank R --rdzv_backend c10d --rdzv_endpoint HOST:PORT
 
-The trainer finds the process group from torchrun's environment variables (backend ``nccl`` when
-CUDA is available, else ``gloo``). What changes with W ranks:
+The trainer finds the process group from torchrun's environment variables (with CUDA, NCCL for CUDA
+tensors and gloo for CPU ones, ``"cpu:gloo,cuda:nccl"``; without it, gloo). What changes with W ranks:
 
 - The dataset is read in global batches of ``items_per_step × W`` items; rank r rolls out its own
   block of ``items_per_step`` of them. ``rollout_buffer_size`` and ``train_batch_size`` count
@@ -61,10 +61,10 @@ class DistributedContext:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         if world_size <= 1 or not dist.is_available():
             return cls()
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
+        cuda = torch.cuda.is_available()
+        if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend=backend)
+        dist.init_process_group(backend=process_group_backend(cuda))
         atexit.register(_leave_process_group)
         return cls(dist.get_rank(), dist.get_world_size())
 
@@ -122,6 +122,13 @@ class DistributedContext:
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
+
+
+def process_group_backend(cuda_available: bool) -> str:
+    """The process group's backend: with CUDA, NCCL for CUDA tensors and gloo for CPU ones (the
+    trainers all-reduce CPU scalars, and a model left on the CPU has CPU gradients, which NCCL alone
+    refuses); without CUDA, gloo."""
+    return "cpu:gloo,cuda:nccl" if cuda_available else "gloo"
 
 
 def _is_shard(p: torch.Tensor) -> bool:
