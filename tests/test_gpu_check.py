@@ -93,3 +93,10 @@ def test_the_report_names_every_failure_and_keeps_the_numbers(gpu_check, tmp_pat
     assert "| torchrun-fsdp | failed | 9 | fsdp | exit 2: fsdp=True needs a torchrun process group of 2+ ranks |" in text
     assert "### torchrun-fsdp: failed" in text
     json.dumps(report)
+
+
+def test_a_failed_torchrun_step_reports_llm_marls_own_error_line(gpu_check):
+    output = ("llm-marl: player_1: model m\nllm-marl: error: fsdp=True needs a torchrun process group (...)\nTraceback (most recent call last):\n"
+              "  File \"run.py\", line 1\ntorch.distributed.elastic.multiprocessing.errors.ChildFailedError: \n=====\n  exitcode  : 2\n")
+    assert gpu_check.last_error(output) == "llm-marl: error: fsdp=True needs a torchrun process group (...)"
+    assert gpu_check.last_error("x\nRuntimeError: CUDA error: out of memory\nmore") == "RuntimeError: CUDA error: out of memory"

@@ -61,11 +61,7 @@ class DistributedContext:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         if world_size <= 1 or not dist.is_available():
             return cls()
-        cuda = torch.cuda.is_available()
-        if cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend=process_group_backend(cuda))
-        atexit.register(_leave_process_group)
+        join_process_group()
         return cls(dist.get_rank(), dist.get_world_size())
 
     def shard(self, batch: list[int], per_rank: int) -> list[int]:
@@ -122,6 +118,23 @@ class DistributedContext:
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
+
+
+def launched_by_torchrun() -> bool:
+    """Whether torchrun started this process (it sets ``TORCHELASTIC_RUN_ID`` and the rank variables)."""
+    return all(os.environ.get(name) for name in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def join_process_group() -> None:
+    """Join the process group torchrun describes (at any world size, one rank included), on this
+    rank's GPU where there is CUDA; a no-op when already joined."""
+    if dist.is_initialized():
+        return
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=process_group_backend(cuda))
+    atexit.register(_leave_process_group)
 
 
 def process_group_backend(cuda_available: bool) -> str:
