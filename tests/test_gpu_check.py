@@ -83,13 +83,13 @@ def test_the_report_names_every_failure_and_keeps_the_numbers(gpu_check, tmp_pat
     report = {"started": "2026-12-03 07:00:00 UTC", "device": "cuda", "model": "smollm2-135m", "model_used": "SmolLM2-135M shape",
               "seconds": 100.0, "counts": {"passed": 1, "failed": 1}, "machine": {"gpu": "NVIDIA H200"},
               "steps": [{"name": "magrpo-full-bf16", "what": "two full agents", "status": "passed", "seconds": 40,
-                         "result": {"finite": True, "max_sampler_gap": 0.004, "gap_threshold": 0.15, "resume_equal": True,
-                                    "resume_max_diff": 0.0, "peak_gpu_mib": 2100, "seconds_per_step": 3.1}},
+                         "result": {"finite": True, "max_sampler_gap": 0.0041234, "gap_threshold": 0.15, "resume_equal": True,
+                                    "resume_max_diff": 0.0, "peak_gpu_mib": 2100, "seconds_per_step": 3.1, "weights_moved": 2.0027e-05}},
                         {"name": "torchrun-fsdp", "what": "fsdp", "status": "failed", "seconds": 9, "command": "torchrun ...",
                          "error": "exit 2: fsdp=True needs a torchrun process group of 2+ ranks", "output_tail": "Traceback"}]}
     text = gpu_check.markdown(report)
     assert "- gpu: NVIDIA H200" in text
-    assert "| magrpo-full-bf16 | True | 0.004 (0.15) | True | 0.0 | 2100 | 3.1 |" in text
+    assert "| magrpo-full-bf16 | True | 0.00412 (0.15) | 2e-05 | True | 0 | 2100 | 3.1 |" in text
     assert "| torchrun-fsdp | failed | 9 | fsdp | exit 2: fsdp=True needs a torchrun process group of 2+ ranks |" in text
     assert "### torchrun-fsdp: failed" in text
     json.dumps(report)
