@@ -510,6 +510,8 @@ def run_all(args: argparse.Namespace, steps: list[Step]) -> dict:
             print(f"[{time.time() - started:5.0f} s] {step.name}: {row['status']}{' - ' + row['error'] if row.get('error') else ''}", flush=True)
             if step.name == "machine" and row.get("result"):
                 report["machine"] = row["result"]
+                shown = {k: row["result"].get(k) for k in ("gpu", "nvidia_smi", "torch", "torch_cuda", "nccl", "cpu")}
+                print("machine: " + ", ".join(f"{k} {v}" for k, v in shown.items() if v is not None), flush=True)
             if step.name == "prepare" and row.get("result", {}) and row["result"].get("model"):
                 values["model"] = row["result"]["model"]
                 report["model_used"] = row["result"]["used"]
@@ -558,9 +560,9 @@ def worker_machine(spec: dict) -> dict:
     except ImportError:
         info["peft"] = "not installed"
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from machine import machine
+    from machine import print_machine
 
-    cpu = machine()
+    cpu = print_machine()  # benchmarks/machine.py: the CPU lines every benchmark prints
     info.update(cpu=cpu["cpu"], usable_cpus=cpu["usable_cpus"])
     problems = [] if not spec["device"].startswith("cuda") or torch.cuda.is_available() else ["torch sees no CUDA device"]
     return {**info, "problems": problems}
