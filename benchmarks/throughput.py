@@ -38,6 +38,11 @@ Usage::
         --configs targets --repeats 3 --out results.json
     python benchmarks/throughput.py --configs K4T2-aligned,K8T1-cross --items-per-step 1 8
     python benchmarks/throughput.py --configs smol --items 2 --items-per-step 1 --lora-r 8
+    python benchmarks/throughput.py --configs smol --items 16 --items-per-step 8 --device cuda   # on a GPU
+
+``--device cuda`` puts our side's agents on the GPU (``agent_devices``) and adds the peak GPU memory
+(``torch.cuda.max_memory_allocated``, ``peak_gpu_mib``) to each result; ``benchmarks/gpu_check.py``
+runs it.
 
 Configuration names: ``K{k}T{t}-{aligned|cross}``, optionally prefixed ``large-`` for the larger
 model (4 layers, 256 wide) or ``smol-`` for the SmolLM2-135M shape (Llama: 30 layers, hidden 576,
@@ -293,6 +298,7 @@ def _train_ours(spec: dict, clock: _Clock):
         seed=spec["seed"],
         lora_r=spec.get("lora_r"),
         lora_alpha=2.0 * spec["lora_r"] if spec.get("lora_r") else 16.0,
+        agent_devices=spec.get("device"),
     )
     reward, transition = _timed_task_functions(clock, agents)
     trainer = MAGRPOTrainer(
@@ -311,7 +317,7 @@ def _train_ours(spec: dict, clock: _Clock):
             policy.min_new_tokens = spec["new_tokens"]
         policy.max_batch_size = spec.get("max_batch_size")
         policy.sample_dtype = spec.get("sample_dtype")  # the opt-in bf16 sampler (scores stay exact)
-        policy.model.generate(**_warmup_inputs(policy.tokenizer), max_new_tokens=2, do_sample=True)
+        policy.model.generate(**_warmup_inputs(policy.tokenizer, policy.model.device), max_new_tokens=2, do_sample=True)
         policy.sample = clock.wrap("generate", policy.sample, count)
         policy._draw = clock.wrap("sampling", policy._draw)  # our sampler; CoMLRL's is torch.multinomial
         team = getattr(policy, "team", None)
@@ -380,9 +386,9 @@ def _timed_task_functions(clock: _Clock, agents: int = 2):
     return clock.wrap("reward", reward), clock.wrap("transition", bench_transition)
 
 
-def _warmup_inputs(tokenizer):
+def _warmup_inputs(tokenizer, device="cpu"):
     encoded = tokenizer(["Warm up the model."], return_tensors="pt")
-    return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
+    return {"input_ids": encoded["input_ids"].to(device), "attention_mask": encoded["attention_mask"].to(device)}
 
 
 def run_worker(side: str, spec: dict) -> dict:
@@ -405,6 +411,9 @@ def run_worker(side: str, spec: dict) -> dict:
     import transformers.models.gpt2.modeling_gpt2  # noqa: F401
 
     rss_shared = _rss_mib()
+    cuda = str(spec.get("device") or "cpu").startswith("cuda")
+    if cuda:
+        torch.cuda.reset_peak_memory_stats()
     clock = _Clock()
     setup_start = time.perf_counter()
     trainer, train = (_train_comlrl if side == "comlrl" else _train_ours)(spec, clock)
@@ -420,6 +429,8 @@ def run_worker(side: str, spec: dict) -> dict:
     cpu_start = time.process_time()
     start = time.perf_counter()
     train()
+    if cuda:
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     cpu_seconds = time.process_time() - cpu_start
     if profiler is not None:
@@ -460,6 +471,8 @@ def run_worker(side: str, spec: dict) -> dict:
         "versions": _versions(side),
         "sampled_with_copy": _sampling_copies(trainer) if side != "comlrl" else [],
         "sampler_gap": _sampler_gap(trainer) if side != "comlrl" else None,
+        "device": spec.get("device") or "cpu",
+        "peak_gpu_mib": torch.cuda.max_memory_allocated() / 2**20 if cuda else None,
     }
 
 
@@ -751,6 +764,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="memory rows: N LoRA agents (rank --lora-r, default 8) against ONE full-model agent, ips=1")
     parser.add_argument("--sample-dtype", default=None, choices=("bfloat16", "float16"),
                         help="also run our sides with CausalLMPolicy.sample_dtype (a bf16 sampler, exact fp32 scores)")
+    parser.add_argument("--device", default=None,
+                        help="ours: the agents' device (agent_devices), e.g. cuda; results add peak_gpu_mib (torch.cuda.max_memory_allocated)")
     parser.add_argument("--worker", choices=("ours", "ours-lora", "ours-bf16s", "ours-lora-bf16s", "comlrl", "build"), help=argparse.SUPPRESS)
     parser.add_argument("--spec", help=argparse.SUPPRESS)
     opts = parser.parse_args(argv)
@@ -811,6 +826,7 @@ def main(argv: list[str] | None = None) -> int:
                     "max_batch_size": opts.max_batch_size,
                     "threads": opts.threads,
                     "seed": opts.seed,
+                    "device": opts.device,
                     **extra,
                 }
                 if opts.profile_dir:
@@ -824,6 +840,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(
                         f"{spec['name']:>20} {side:>9} ips={ips} agents={result['agents']}: {result['seconds_per_item']:.3f} s/item "
                         f"{result['tokens_per_second']:.0f} tok/s peak {result['peak_rss_mib']:.0f} MiB "
+                        + (f"GPU peak {result['peak_gpu_mib']:.0f} MiB " if result.get("peak_gpu_mib") is not None else "") +
                         f"(gen {result['generate_seconds']:.2f} s, update {result['update_seconds']:.2f} s, "
                         f"other {result['other_seconds']:.2f} s; cpu {result['train_cpu_seconds']:.1f} s; "
                         f"load {result['load1_before']:.1f}->{result['load1_after']:.1f})",

@@ -1006,6 +1006,35 @@ MUTANTS: list[Mutant] = [
         '"sequence": int(saved["state"]["batch_step"]),',
         ("tests/test_comlrl_public_names.py::test_read_checkpoint_metadata_reads_an_llm_marl_checkpoint",),
     ),
+    # --- models off the CPU (issue 46) ------------------------------------------------------------------
+    Mutant(
+        "packed weights: layers off the CPU are packed with MKL/oneDNN (a model on cuda)",
+        "llm_marl/policies/packed_weights.py",
+        "            and m.weight.device.type == \"cpu\"\n",
+        "            and m.weight.device.type != \"mps\"\n",
+        ("tests/test_devices.py::test_weights_are_packed_only_on_the_cpu",),
+    ),
+    Mutant(
+        "the CPU bf16 fallback warning is given for a bf16 model on a GPU",
+        "llm_marl/policies/causal_lm.py",
+        "    on_cpu = any(p.device.type == \"cpu\" for p in params)",
+        "    on_cpu = bool(params)",
+        ("tests/test_devices.py::test_the_bf16_fallback_warning_is_only_for_bf16_on_the_cpu",),
+    ),
+    Mutant(
+        "torchrun on CUDA joins an NCCL-only process group (the trainers' CPU collectives fail)",
+        "llm_marl/runs/distributed.py",
+        "    return \"cpu:gloo,cuda:nccl\" if cuda_available else \"gloo\"",
+        "    return \"nccl\" if cuda_available else \"gloo\"",
+        ("tests/test_devices.py::test_the_process_group_takes_cpu_tensors_beside_cuda_ones",),
+    ),
+    Mutant(
+        "fsdp=True at one torchrun rank is refused (a single GPU cannot shard)",
+        "llm_marl/runs/fsdp.py",
+        "        if not launched_by_torchrun():",
+        "        if True:",
+        ("tests/test_devices.py::test_fsdp_at_one_torchrun_rank_shards_over_a_group_of_one_and_trains_like_no_fsdp",),
+    ),
 ]
 
 def run_one(mutant: Mutant, timeout: float) -> tuple[str, str, float]:

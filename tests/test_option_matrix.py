@@ -13,7 +13,8 @@ agents for three optimizer steps on a tiny GPT-2 and checks the invariants:
   agents in one forward);
 - every logged value and every parameter is finite.
 
-CI runs the cells of :data:`FAST` (``torchrun`` and ``fsdp`` only False: a torchrun cell starts
+The cells' models go to the device the ``device`` fixture names (``LLM_MARL_TEST_DEVICE``,
+default ``cpu``: tests/devices.py). CI runs the cells of :data:`FAST` (``torchrun`` and ``fsdp`` only False: a torchrun cell starts
 two processes); the set over every declared value is marked ``slow``. To add an option: add its
 name and values to :data:`OPTIONS` (the first value is the default), exclude impossible pairs in
 :func:`valid`, and apply it in :func:`build` — the generator covers its pairs with every other
@@ -115,7 +116,8 @@ def reward(a, b):
 PER_AGENT = [False]
 
 
-def build(cell: dict, dirs: dict, output_dir: str | None, **overrides):
+def build(cell: dict, dirs: dict, output_dir: str | None, device: str = "cpu", **overrides):
+    """The cell's trainer, its models on ``device`` (the ``device`` fixture: tests/devices.py)."""
     PER_AGENT[0] = cell["per_agent_rewards"]
     settings = dict(max_new_tokens=12, temperature=0.9, top_p=0.95, top_k=None, sample_dtype=cell["sample_dtype"],
                     packed_weights=cell["packed_weights"], chat_template=cell["chat_template"])
@@ -128,9 +130,10 @@ def build(cell: dict, dirs: dict, output_dir: str | None, **overrides):
     if cell["policy"] == "team":
         team = LoRATeam.from_pretrained(source, agents=("agent_0", "agent_1"), r=4, alpha=8, model_kwargs=model_kwargs,
                                         gradient_checkpointing=cell["gradient_checkpointing"], **settings)
+        team.to(device)
         policies = [team.policies["agent_0"], team.policies["agent_1"]]
     else:
-        policies = [CausalLMPolicy.from_pretrained(source, model_kwargs=model_kwargs, **settings) for _ in range(2)]
+        policies = [CausalLMPolicy.from_pretrained(source, model_kwargs=model_kwargs, device=device, **settings) for _ in range(2)]
     task = FunctionTask(reward, lambda item: item["prompt"], None, [{"prompt": p} for p in PROMPTS], num_agents=2, num_turns=1)
     common = dict(num_agents=2, num_turns=1, num_train_epochs=2, max_steps=3, rollout_buffer_size=1, eval_interval=0,
                   early_termination_threshold=None, agent_learning_rate=5e-2, logging_steps=1, progress_bar=False, seed=3,
@@ -231,15 +234,15 @@ def check_invariants(cell: dict, trainer) -> dict:
     return {"gaps": gaps}
 
 
-def run_cell(cell: dict, dirs: dict, tmp: str) -> dict:
-    full = watch_sampler(build(cell, dirs, os.path.join(tmp, "full") if cell["resume"] else None))
+def run_cell(cell: dict, dirs: dict, tmp: str, device: str = "cpu") -> dict:
+    full = watch_sampler(build(cell, dirs, os.path.join(tmp, "full") if cell["resume"] else None, device))
     full.train()
     facts = check_invariants(cell, full)
     if cell["resume"]:
-        first = build(cell, dirs, os.path.join(tmp, "split"), max_steps=1)
+        first = build(cell, dirs, os.path.join(tmp, "split"), device, max_steps=1)
         first.train()
         assert first.state.global_step == 1
-        resumed = build(cell, dirs, os.path.join(tmp, "split"))
+        resumed = build(cell, dirs, os.path.join(tmp, "split"), device)
         resumed.train(resume_from_checkpoint=True)
         a, b = states(full), states(resumed)
         for agent in a:
@@ -314,18 +317,20 @@ def test_all_pairs_covers_pairs_with_constraints_and_no_more_cells_than_needed()
 # --- the cells -----------------------------------------------------------------------------------
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("cell", cells(FAST), ids=cell_id)
-def test_cell(cell, dirs, tmp_path):
-    run_cell(cell, dirs, str(tmp_path))
+def test_cell(cell, dirs, tmp_path, device):
+    run_cell(cell, dirs, str(tmp_path), device)
 
 
 SLOW_ONLY = [c for c in cells() if c not in cells(FAST)]
 
 
 @pytest.mark.slow
+@pytest.mark.device
 @pytest.mark.parametrize("cell", SLOW_ONLY, ids=cell_id)
-def test_cell_full_set(cell, dirs, tmp_path):
+def test_cell_full_set(cell, dirs, tmp_path, device):
     if cell["torchrun"]:
-        run_torchrun_cell(cell, dirs, str(tmp_path))
+        run_torchrun_cell(cell, dirs, str(tmp_path))  # its ranks on the CPU (gloo): two ranks cannot share one GPU
     else:
-        run_cell(cell, dirs, str(tmp_path))
+        run_cell(cell, dirs, str(tmp_path), device)

@@ -6,8 +6,8 @@ Launch any training script (or ``llm-marl train``) unchanged::
     # several machines: the same on each, plus
     #   --nnodes N --node_rank R --rdzv_backend c10d --rdzv_endpoint HOST:PORT
 
-The trainer finds the process group from torchrun's environment variables (backend ``nccl`` when
-CUDA is available, else ``gloo``). What changes with W ranks:
+The trainer finds the process group from torchrun's environment variables (with CUDA, NCCL for CUDA
+tensors and gloo for CPU ones, ``"cpu:gloo,cuda:nccl"``; without it, gloo). What changes with W ranks:
 
 - The dataset is read in global batches of ``items_per_step × W`` items; rank r rolls out its own
   block of ``items_per_step`` of them. ``rollout_buffer_size`` and ``train_batch_size`` count
@@ -61,11 +61,7 @@ class DistributedContext:
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         if world_size <= 1 or not dist.is_available():
             return cls()
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-        if backend == "nccl":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group(backend=backend)
-        atexit.register(_leave_process_group)
+        join_process_group()
         return cls(dist.get_rank(), dist.get_world_size())
 
     def shard(self, batch: list[int], per_rank: int) -> list[int]:
@@ -122,6 +118,30 @@ class DistributedContext:
     def barrier(self) -> None:
         if self.enabled:
             dist.barrier()
+
+
+def launched_by_torchrun() -> bool:
+    """Whether torchrun started this process (it sets ``TORCHELASTIC_RUN_ID`` and the rank variables)."""
+    return all(os.environ.get(name) for name in ("TORCHELASTIC_RUN_ID", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def join_process_group() -> None:
+    """Join the process group torchrun describes (at any world size, one rank included), on this
+    rank's GPU where there is CUDA; a no-op when already joined."""
+    if dist.is_initialized():
+        return
+    cuda = torch.cuda.is_available()
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(backend=process_group_backend(cuda))
+    atexit.register(_leave_process_group)
+
+
+def process_group_backend(cuda_available: bool) -> str:
+    """The process group's backend: with CUDA, NCCL for CUDA tensors and gloo for CPU ones (the
+    trainers all-reduce CPU scalars, and a model left on the CPU has CPU gradients, which NCCL alone
+    refuses); without CUDA, gloo."""
+    return "cpu:gloo,cuda:nccl" if cuda_available else "gloo"
 
 
 def _is_shard(p: torch.Tensor) -> bool:

@@ -36,7 +36,9 @@ weights (forward and backward) and fp32 gradient reduction into the fp32 shards.
 
 Gradients are summed over ranks (``set_gradient_divide_factor(1.0)`` with sum-only reductions, which
 gloo needs). Tested on CPU with gloo (tests/test_fsdp.py); CUDA with NCCL is the same code path
-(``init_device_mesh("cuda")``) but untested here.
+(``init_device_mesh("cuda")``) but untested here (``benchmarks/gpu_check.py`` checks it at one rank).
+Under torchrun at one rank (a single GPU) the rank joins a process group of one and shards over it;
+in a plain process ``fsdp=True`` is an error.
 """
 
 from __future__ import annotations
@@ -117,9 +119,13 @@ def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
         if getattr(policy, "sample_dtype", None) not in (None, own):
             raise ValueError(f"fsdp=True: agent {agent!r} has sample_dtype={policy.sample_dtype!r}; sample in the model's own dtype (sample_dtype=None)")
     if not trainer.dist.enabled:
-        raise ValueError(
-            "fsdp=True needs a torchrun process group of 2+ ranks (torchrun --nproc_per_node N ...); in one process train without fsdp"
-        )
+        from llm_marl.runs.distributed import join_process_group, launched_by_torchrun
+
+        if not launched_by_torchrun():
+            raise ValueError(
+                "fsdp=True needs a torchrun process group (torchrun --nproc_per_node N ...); in a plain process train without fsdp"
+            )
+        join_process_group()  # torchrun at one rank: FSDP2 shards over a group of one (its collectives still run)
     if hasattr(trainer, "_make_reward_model") and getattr(trainer.args, "fsdp_gather", "model") == "layer":
         raise ValueError(f'fsdp_gather="layer" is not supported by {name} (its reward model is fit inside a sampling window); use fsdp_gather="model"')
     for prepare in ("_make_critics", "_make_reward_model"):  # critics and MARLHF's reward model copy agents' models
