@@ -86,8 +86,10 @@ def load_agents(
     flag."""
     from llm_marl import assembly
 
-    if (source is None) == (model is None):
-        raise assembly.AssemblyError("serve: give a run's final/ folder (or a model folder), or --model M --agents a,b; not both")
+    if source is not None and model is not None:
+        raise assembly.AssemblyError(f"serve: give a saved folder ({source}) or --model ({model}), not both")
+    if source is None and model is None:
+        raise assembly.AssemblyError("serve: give a run's final/ folder (or a model folder), or --model M --agents a,b")
     names = [str(a) for a in agents] if agents else None
     if source is not None:
         if not os.path.isdir(source):

@@ -13,10 +13,11 @@ import socket
 import threading
 from typing import Any
 
-__all__ = ["BackgroundServer", "serve_forever"]
+__all__ = ["BackgroundServer", "bind", "serve_forever"]
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def bind(host: str, port: int) -> socket.socket:
+    """A listening-ready socket bound to ``host:port`` (port 0: a free one)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -41,7 +42,7 @@ class BackgroundServer:
     def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
         import uvicorn
 
-        self.socket = _bind(host, port)
+        self.socket = bind(host, port)
         self.host, self.port = self.socket.getsockname()[:2]
         self.server = uvicorn.Server(_config(app, log_level))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]}, name="llm-marl-serve-http", daemon=True)
@@ -76,11 +77,11 @@ class BackgroundServer:
         self.stop()
 
 
-def serve_forever(app: Any, host: str, port: int, log_level: str = "info") -> None:
-    """Serve ``app`` on ``host:port`` in the foreground until Ctrl-C (or SIGTERM)."""
+def serve_forever(app: Any, sock: socket.socket, log_level: str = "info") -> None:
+    """Serve ``app`` on the bound socket ``sock`` (:func:`bind`) in the foreground until Ctrl-C
+    (or SIGTERM); the socket is closed afterwards."""
     import uvicorn
 
-    sock = _bind(host, port)
     try:
         uvicorn.Server(_config(app, log_level)).run(sockets=[sock])
     finally:
