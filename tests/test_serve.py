@@ -170,6 +170,10 @@ def test_max_tokens_ends_with_length(solo_server):
     assert full.text.startswith(reply.choices[0].text)
     chat = client.chat.completions.create(model="solo", messages=HELLO, max_completion_tokens=3, temperature=0)
     assert chat.usage.completion_tokens == 3 and chat.choices[0].finish_reason == "length"
+    assert full.finish_reason == "stop"  # the greedy answer ends by itself; min_tokens (vLLM's extension) keeps the end token away
+    longer = whole.usage.completion_tokens + 3
+    forced = client.completions.create(model="solo", prompt="The story of the", max_tokens=longer, temperature=0, extra_body={"min_tokens": longer})
+    assert forced.usage.completion_tokens == longer and forced.choices[0].text.startswith(full.text)
 
 
 def test_streaming_sends_the_answer_in_pieces_then_done(team_server):

@@ -116,6 +116,7 @@ def create_app(agents: Agents, scheduler: Scheduler, config: ServeConfig | None 
             temperature=policy.temperature if parsed.temperature is None else parsed.temperature,
             top_p=policy.top_p if parsed.top_p is None else parsed.top_p,
             top_k=policy.top_k if parsed.top_k is None else parsed.top_k,
+            min_tokens=min(parsed.min_tokens, min(budgets)),
             stop=parsed.stop,
             seed=parsed.seed,
         )

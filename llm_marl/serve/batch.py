@@ -15,7 +15,8 @@ loop of its own:
   ``torch.Generator`` (seeded with it), one per row per step: its answers do not depend on the
   global RNG or on how many other requests share the batch (up to the float rounding of
   batch-size dependent kernels). Requests without one use the global RNG, as training does.
-- **Lengths and stop strings.** A row that reached its ``max_tokens``, met one of its stop
+- **Lengths and stop strings.** Rows still short of their request's ``min_tokens`` cannot draw
+  an end-of-sequence token. A row that reached its ``max_tokens``, met one of its stop
   strings, or whose request was cancelled (a timeout, a client gone) gets the end-of-sequence
   token at its next draw, which ends it in the loop; the loop stops when every row has ended
   (or at the longest ``max_tokens``).
@@ -62,6 +63,8 @@ class Job:
     """Nucleus threshold (None or 1: off; 0: the most likely token)."""
     top_k: int | None = None
     """Keep the k most likely tokens (None or 0: off)."""
+    min_tokens: int = 0
+    """No end-of-sequence token before this many tokens."""
     stop: tuple[str, ...] = ()
     """Stop strings."""
     seed: int | None = None
@@ -152,6 +155,7 @@ def decode_jobs(jobs: list[Job], lock: threading.Lock | None = None) -> BatchRec
     routes_of = [row.job.policy._routes(1) for row in rows]
     routes = None if all(r is None for r in routes_of) else [r[0] for r in routes_of]
     steps = [0]
+    eos_index = torch.tensor(list(lead.eos_token_ids))
 
     def uniform(row: _Row) -> torch.Tensor:
         generator = generators.get(id(row.job))
@@ -162,6 +166,9 @@ def decode_jobs(jobs: list[Job], lock: threading.Lock | None = None) -> BatchRec
         for key, members in groups.items():
             index = torch.tensor(members, device=logits.device)
             part = logits.index_select(0, index)
+            early = [i for i, r in enumerate(members) if len(rows[r].tokens) < rows[r].job.min_tokens]
+            if early:  # min_tokens: no end token yet for these rows
+                part[torch.tensor(early, device=part.device).unsqueeze(1), eos_index] = -torch.inf
             if key == ("greedy",):
                 tokens[index] = part.argmax(-1)
                 continue

@@ -14,7 +14,8 @@ Requests. :func:`parse_chat_request` reads a ``/v1/chat/completions`` body and
   list of such lists);
 - ``temperature`` in [0, 2] (0: the most likely token), ``top_p`` in [0, 1] (0: the most likely
   token), ``top_k`` (an extension, as vLLM's; -1 or 0: off), ``max_completion_tokens`` or its
-  older name ``max_tokens`` (>= 1), ``n`` (1-128), ``stop`` (a string or up to 4), ``seed``,
+  older name ``max_tokens`` (>= 1), ``min_tokens`` (an extension, as vLLM's: no end-of-sequence
+  token before that many tokens; stop strings still end an answer), ``n`` (1-128), ``stop`` (a string or up to 4), ``seed``,
   ``stream`` and ``stream_options.include_usage``. Omitted sampling settings are None: the
   server uses the agent's own (those it was trained with);
 - ignored when neutral: ``frequency_penalty``/``presence_penalty`` 0, ``logprobs`` false,
@@ -188,6 +189,8 @@ class _Sampling:
     """Keep the k most likely tokens (an extension; 0: off); None: the agent's own."""
     max_tokens: int | None = None
     """Cap on the answer's tokens (``max_completion_tokens``, or ``max_tokens``); None: the agent's own."""
+    min_tokens: int = 0
+    """No end-of-sequence token before this many tokens (an extension, as vLLM's)."""
     n: int = 1
     """Answers to the request (choices)."""
     stop: tuple[str, ...] = ()
@@ -238,7 +241,7 @@ _NEUTRAL: dict[str, Any] = {
 }
 """Fields accepted only with a value that changes nothing here (``value -> acceptable``)."""
 
-_SAMPLING_KEYS = {"model", "temperature", "top_p", "top_k", "max_tokens", "max_completion_tokens", "n", "stop", "seed", "stream", "stream_options"}
+_SAMPLING_KEYS = {"model", "temperature", "top_p", "top_k", "max_tokens", "max_completion_tokens", "min_tokens", "n", "stop", "seed", "stream", "stream_options"}
 _CHAT_KEYS = _SAMPLING_KEYS | {"messages"}
 _COMPLETION_KEYS = _SAMPLING_KEYS | {"prompt"}
 
@@ -308,6 +311,10 @@ def _sampling(body: Any, known: set[str]) -> dict[str, Any]:
     if new is not None and old is not None and new != old:
         raise bad_request(f"max_tokens ({old}) and max_completion_tokens ({new}) disagree; give one of them.", "max_tokens", "invalid_value")
     n = _integer(body, "n", 1, MAX_N)
+    least = _integer(body, "min_tokens", 0) or 0
+    most = new if new is not None else old
+    if most is not None and least > most:
+        raise bad_request(f"min_tokens ({least}) is more than max_tokens ({most}).", "min_tokens", "invalid_value")
     stop = body.get("stop")
     if stop is None:
         stops: tuple[str, ...] = ()
@@ -334,7 +341,7 @@ def _sampling(body: Any, known: set[str]) -> dict[str, Any]:
             raise bad_request(f"stream_options must be {{\"include_usage\": true|false}}; got {options!r:.60}.", "stream_options", "invalid_value")
         include_usage = bool(options.get("include_usage"))
     return dict(
-        model=model, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=new if new is not None else old,
+        model=model, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=most, min_tokens=least,
         n=1 if n is None else n, stop=stops, seed=None if seed is None else int(seed), stream=bool(stream), include_usage=include_usage,
     )
 
