@@ -306,6 +306,8 @@ def test_full_queue_is_429_and_a_timeout_is_504(solo_server):
             assert scheduler.wait_pending(1)
             status, body = _status(lambda: client.chat.completions.create(model="solo", messages=HELLO, max_tokens=2))
             assert status == 429 and body["type"] == "rate_limit_error"
+            status, _ = _status(lambda: client.chat.completions.create(model="solo", messages=HELLO, max_tokens=2, stream=True))
+            assert status == 429  # a stream is refused before it starts, with the status itself
             thread.join(60)
         assert outcome["first"][0] == 504 and outcome["first"][1]["code"] == "timeout"
         assert scheduler.active == 0

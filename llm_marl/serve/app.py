@@ -136,8 +136,13 @@ def create_app(agents: Agents, scheduler: Scheduler, config: ServeConfig | None 
         usage_in = sum(len(p) for p in prompts)
         request_id = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
         if parsed.stream:
+            loop = asyncio.get_running_loop()
+            pieces: asyncio.Queue = asyncio.Queue()
+            job.on_text = lambda index, text: loop.call_soon_threadsafe(pieces.put_nowait, (index, text))
+            future = scheduler.submit(job)  # a full queue is a 429 before the stream starts
+            future.add_done_callback(lambda _: loop.call_soon_threadsafe(pieces.put_nowait, _END))
             return StreamingResponse(
-                _stream(scheduler, job, parsed, chat, request_id, created_now(), usage_in, config.request_timeout),
+                _stream(scheduler, job, future, pieces, parsed, chat, request_id, created_now(), usage_in, config.request_timeout),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
@@ -207,27 +212,16 @@ def _lifespan(generator: Any) -> Any:
 
 
 async def _stream(
-    scheduler: Scheduler, job: Job, parsed: Any, chat: bool, request_id: str, created: int, prompt_tokens: int, timeout: float
+    scheduler: Scheduler, job: Job, future: Any, pieces: asyncio.Queue, parsed: Any, chat: bool, request_id: str, created: int,
+    prompt_tokens: int, timeout: float,
 ) -> AsyncIterator[bytes]:
-    """The server-sent events of one streamed request: an opening chunk per choice (chat), a
-    chunk per new piece of text, a closing chunk per choice with its finish reason, the usage
+    """The server-sent events of one streamed request (its job submitted, its pieces of text
+    arriving on ``pieces``, then an end marker): an opening chunk per choice (chat), a chunk per
+    new piece of text, a closing chunk per choice with its finish reason, the usage
     (``include_usage``), then ``[DONE]``. A timeout or failure becomes an error event."""
     loop = asyncio.get_running_loop()
-    pieces: asyncio.Queue = asyncio.Queue()
-
-    def on_text(index: int, text: str) -> None:
-        loop.call_soon_threadsafe(pieces.put_nowait, (index, text))
-
-    job.on_text = on_text
     model = parsed.model
     deadline = loop.time() + timeout
-    try:
-        future = scheduler.submit(job)
-    except protocol.APIError as error:
-        yield protocol.sse(error.body())
-        yield protocol.SSE_DONE
-        return
-    future.add_done_callback(lambda _: loop.call_soon_threadsafe(pieces.put_nowait, _END))
     try:
         if chat:
             for index in range(job.rows):
