@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -105,7 +106,7 @@ def round_at(base_url: str, names: list[str], concurrency: int, requests: int, t
         "seconds": round(wall, 2),
         "tokens_per_s": round(produced[0] / wall, 1),
         "latency_mean_s": round(statistics.mean(latencies), 2),
-        "latency_p90_s": round(latencies[max(0, int(0.9 * len(latencies)) - 1)], 2),
+        "latency_p90_s": round(latencies[max(0, math.ceil(0.9 * len(latencies)) - 1)], 2),
     }
 
 
