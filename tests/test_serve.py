@@ -343,3 +343,21 @@ def test_protocol_refuses_what_it_does_not_support():
     assert caught.value.status == 400 and caught.value.param == "tools"
     parsed = protocol.parse_chat_request({"model": "a", "messages": HELLO, "max_completion_tokens": 4, "frequency_penalty": 0, "user": "u"})
     assert parsed.max_tokens == 4 and parsed.temperature is None and parsed.n == 1
+
+
+def test_a_full_model_final_folder_keeps_its_weights_and_settings(solo_server, tmp_path):
+    _, _, agents = solo_server
+    policy = agents.policies["solo"]
+    policy.temperature = 0.7  # saved with the model: the served agent's default
+    try:
+        policy.save_pretrained(tmp_path / "final" / "solo")
+    finally:
+        policy.temperature = 1.0
+    loaded = load_agents(str(tmp_path / "final"))
+    assert loaded.names == ["solo"]
+    again = loaded.policies["solo"]
+    assert again.temperature == 0.7 and again.top_p == 1.0
+    mine = policy.model.state_dict()
+    assert all(torch.equal(mine[k], v) for k, v in again.model.state_dict().items())
+    with pytest.raises(ValueError, match="no agent folders"):
+        load_agents(str(tmp_path))  # a folder holding no agent and no model
