@@ -10,10 +10,11 @@ batch decodes wait for the next one, so the more requests are pending, the more 
 step serves: throughput grows with concurrency (static batching; a request does not join a
 decode already under way).
 
-Before taking a batch the worker waits a moment (``gather_seconds``, 30 ms at most, as long as each new request comes within 10 ms of the last) while
-requests keep arriving: clients that the last batch answered send their next requests a few
-milliseconds later, and without the wait they would form a second batch that alternates with
-the first, halving the rows per step.
+Before taking a batch the worker waits a moment (``gather_seconds``, 50 ms at most) until the
+queue holds as many requests as the last batch had plus those that were queued when it ended:
+clients that the last batch answered send their next requests a little later, and without the
+wait they would form a second batch that alternates with the first, halving the rows per step.
+A lone client (a batch of one, nothing queued) never waits.
 
 Limits: at most ``max_queue`` requests waiting or decoding (:meth:`submit` raises a 429
 :class:`~llm_marl.serve.protocol.APIError` past it). A job whose decode raises gets that error
@@ -47,18 +48,17 @@ class Scheduler:
     Args:
         max_queue: requests waiting or decoding at most; more get a 429.
         max_batch_rows: answers (rows) decoded together at most (a bigger request runs alone).
-        gather_seconds: before a batch, wait up to this long for more requests while they keep
-            arriving (each within ``quiet_seconds`` of the last), so that clients answered by the
-            previous batch, whose next requests come a few milliseconds later, join this one.
+        gather_seconds: before a batch, wait up to this long for the clients the previous batch
+            answered to send their next requests (see the module docstring).
     """
 
-    def __init__(self, max_queue: int = 256, max_batch_rows: int = 64, gather_seconds: float = 0.03, quiet_seconds: float = 0.01) -> None:
+    def __init__(self, max_queue: int = 256, max_batch_rows: int = 64, gather_seconds: float = 0.05) -> None:
         if max_queue < 1 or max_batch_rows < 1:
             raise ValueError(f"max_queue and max_batch_rows must be >= 1, got {max_queue} and {max_batch_rows}")
         self.max_queue = max_queue
         self.max_batch_rows = max_batch_rows
         self.gather_seconds = gather_seconds
-        self.quiet_seconds = quiet_seconds
+        self._last_jobs = 0
         self.records: collections.deque[BatchRecord] = collections.deque(maxlen=1000)
         """The latest batches, oldest first."""
         self._queue: collections.deque[tuple[Job, concurrent.futures.Future]] = collections.deque()
@@ -169,15 +169,17 @@ class Scheduler:
             return batch
 
     def _gather(self) -> None:
-        """Wait (the lock released) while requests keep arriving, up to ``gather_seconds``."""
+        """Wait (the lock released), up to ``gather_seconds``, until the queue holds as many jobs
+        as the last batch had plus those queued when it ended: the clients it answered, if they
+        come back at once, join this batch."""
+        target = min(self._last_jobs + len(self._queue), self.max_batch_rows)
+        self._last_jobs = 0
         deadline = time.monotonic() + self.gather_seconds
-        while not self._held and len(self._queue) < self.max_batch_rows:
-            seen = len(self._queue)
+        while not self._stopping and not self._held and len(self._queue) < target:
             left = deadline - time.monotonic()
-            if left <= 0 or not self._changed.wait_for(lambda: len(self._queue) != seen or self._stopping, min(self.quiet_seconds, left)):
+            if left <= 0:
                 return
-            if self._stopping:
-                return
+            self._changed.wait(left)
 
     def _work(self) -> None:
         while True:
@@ -191,6 +193,7 @@ class Scheduler:
                 if live:
                     record = decode_jobs([job for job, _ in live], self._model_lock)
                     self.records.append(record)
+                    self._last_jobs = len(live)
                 for job, future in live:
                     future.set_result(job)
             except BaseException as exc:  # one batch failed: its requests get the error, the server goes on
