@@ -111,7 +111,7 @@ def _run(ns: argparse.Namespace) -> int:
         raise ServeUsageError(f"serve: cannot listen on {config.host}:{config.port} ({exc.strerror or exc})") from None
     port = sock.getsockname()[1]
     shown = f"[{config.host}]" if ":" in config.host else config.host
-    auth = "Bearer key required" if config.api_key else "no key (this machine only)"
+    auth = "Bearer key required" if config.api_key else "no key: this machine only"
     print(f"llm-marl serve: agents {', '.join(loaded.names)} on http://{shown}:{port}/v1 ({auth}); Ctrl-C stops", flush=True)
     serve_forever(app, sock)
     return 0
