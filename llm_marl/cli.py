@@ -23,6 +23,7 @@ Examples::
     llm-marl list
     llm-marl plot runs/x                                   # PNG curves from the TensorBoard logs
     llm-marl view runs/x                                   # the recorded rollout trees as one HTML page
+    llm-marl serve runs/x/final                            # the trained agents behind an OpenAI-compatible endpoint
 
 Run folders never mix runs (``runs/run_folder.py``): a new run refuses a non-empty
 ``--output_dir`` unless ``--resume`` (continue the run it holds) or ``--overwrite`` (move the old
@@ -740,6 +741,12 @@ def cmd_plot(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
+def cmd_serve(ns: argparse.Namespace, argv: Sequence[str]) -> int:
+    from llm_marl.serve import command
+
+    return command.run(ns)
+
+
 def cmd_view(ns: argparse.Namespace, argv: Sequence[str]) -> int:
     from llm_marl import viewer
 
@@ -846,6 +853,12 @@ def parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     view.add_argument("--serve", action="store_true", help="serve the viewer on 127.0.0.1 instead of writing a file")
     view.add_argument("--port", type=int, default=8765, help="port for --serve (0: any free port)")
     view.set_defaults(func=cmd_view)
+
+    from llm_marl.serve.command import add_arguments as serve_arguments
+
+    serve = commands.add_parser("serve", allow_abbrev=False, help="answer OpenAI-compatible requests (/v1/chat/completions ...) from a run's final/ agents or a model", description="Serve agents over an OpenAI-compatible HTTP endpoint: each agent is a model name. See docs/serving.md.")
+    serve_arguments(serve)
+    serve.set_defaults(func=cmd_serve)
     return root
 
 

@@ -1035,6 +1035,27 @@ MUTANTS: list[Mutant] = [
         "        if True:",
         ("tests/test_devices.py::test_fsdp_at_one_torchrun_rank_shards_over_a_group_of_one_and_trains_like_no_fsdp",),
     ),
+    Mutant(
+        "serve: a seeded request draws from the global RNG",
+        "llm_marl/serve/batch.py",
+        "generators = {id(job): torch.Generator().manual_seed(job.seed % 2**64) for job in jobs if job.seed is not None}",
+        "generators = {}",
+        ("tests/test_serve.py::test_seed_repeats_an_answer_and_n_answers_differ",),
+    ),
+    Mutant(
+        "serve: the scheduler decodes one request at a time",
+        "llm_marl/serve/scheduler.py",
+        "if same and (not batch or rows + job.rows <= self.max_batch_rows):",
+        "if same and not batch:",
+        ("tests/test_serve.py::test_concurrent_requests_are_decoded_in_one_batch",),
+    ),
+    Mutant(
+        "serve: a stop string is kept in the answer",
+        "llm_marl/serve/batch.py",
+        "text, row.finish = text[:cut], \"stop\"",
+        "row.finish = \"stop\"",
+        ("tests/test_serve.py::test_stop_cuts_the_answer_before_the_stop_string",),
+    ),
 ]
 
 def run_one(mutant: Mutant, timeout: float) -> tuple[str, str, float]:

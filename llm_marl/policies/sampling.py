@@ -41,9 +41,11 @@ class DrawSettings:
     """The tokens banned while ``ban_eos`` (before ``min_new_tokens``)."""
 
 
-def draw(logits: torch.Tensor, settings: DrawSettings, ban_eos: bool = False) -> torch.Tensor:
+def draw(logits: torch.Tensor, settings: DrawSettings, ban_eos: bool = False, uniforms: torch.Tensor | None = None) -> torch.Tensor:
     """One token per row from ``softmax(logits / temperature)``, truncated to the ``top_k`` most
-    likely tokens and then to the smallest set whose mass reaches ``top_p``."""
+    likely tokens and then to the smallest set whose mass reaches ``top_p``. ``uniforms``: each
+    row's uniform in [0, 1), shape ``[rows, 1]`` (e.g. from a request's own seeded generator,
+    :mod:`llm_marl.serve.batch`); None draws them from the global RNG."""
     logits = logits.float() / settings.temperature
     if ban_eos:
         logits[:, list(settings.eos_token_ids)] = -math.inf
@@ -58,7 +60,9 @@ def draw(logits: torch.Tensor, settings: DrawSettings, ban_eos: bool = False) ->
         mass_before = probs.cumsum(dim=-1) - probs
         probs = probs.masked_fill(mass_before >= settings.top_p, 0.0)
     cdf = probs.cumsum(dim=-1)
-    threshold = torch.rand((cdf.shape[0], 1), device=cdf.device) * cdf[:, -1:]
+    if uniforms is None:
+        uniforms = torch.rand((cdf.shape[0], 1), device=cdf.device)
+    threshold = uniforms.to(cdf.device) * cdf[:, -1:]
     token = torch.searchsorted(cdf, threshold, right=True).clamp_(max=vocab - 1)
     if order is not None:
         token = order.gather(-1, token)
