@@ -381,7 +381,10 @@ def _run_options(ns: argparse.Namespace, use_default: bool) -> tuple[dict[str, A
     if getattr(ns, "program", None):
         from llm_marl.programs.command import program_option
 
-        options["env"] = program_option(ns.program, ns.agents, ns.items, options.get("env"))
+        try:
+            options["env"] = program_option(ns.program, ns.agents, ns.items, options.get("env"))
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
         explicit.add("env")
     imports = options.get("import") or []
     imports = [imports] if isinstance(imports, str) else list(imports)

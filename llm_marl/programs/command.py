@@ -11,13 +11,13 @@ from __future__ import annotations
 
 
 def program_option(program: str, agents: str | None, items: str | None, env: str | None = None) -> str:
-    """The env id for ``--program`` (checked: a usage error names the flag)."""
-    from llm_marl.cli import UsageError
+    """The env id for ``--program``; a ``ValueError`` that names the flag for bad usage (the
+    command turns it into a usage error)."""
     from llm_marl.programs.loading import program_env_id
 
     if env:
-        raise UsageError(f"--program {program} and --env {env}: give one of them")
+        raise ValueError(f"--program {program} and --env {env}: give one of them")
     source, sep, name = program.rpartition(":")
     if not sep or not source or not name:
-        raise UsageError(f"--program {program}: name a function as FILE.py:FUNCTION (or package.module:function)")
+        raise ValueError(f"--program {program}: name a function as FILE.py:FUNCTION (or package.module:function)")
     return program_env_id(program, agents, items)
