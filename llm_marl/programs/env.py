@@ -62,6 +62,7 @@ import numpy as np
 from gymnasium.utils import seeding
 from pettingzoo import ParallelEnv
 
+from llm_marl.envs.dialogue import Branch
 from llm_marl.envs.spaces import Utterance
 from llm_marl.programs.endpoint import Endpoint
 from llm_marl.programs.errors import ProgramDivergenceError, ProgramError
@@ -78,15 +79,9 @@ class ProgramWarning(UserWarning):
     """A program's rollout failed and the env went on (``on_program_error`` "zero"/"penalty")."""
 
 
-class ProgramBranch(NamedTuple):
-    """One stepped fork: the env and what its ``step`` returned."""
-
-    env: "ProgramEnv"
-    observations: dict[str, Any]
-    rewards: dict[str, float]
-    terminations: dict[str, bool]
-    truncations: dict[str, bool]
-    infos: dict[str, dict[str, Any]]
+ProgramBranch = Branch
+"""One stepped fork: the forked env and what its ``step`` returned (the same record as
+:class:`~llm_marl.envs.dialogue.Branch`)."""
 
 
 class _Outcome(NamedTuple):
