@@ -60,6 +60,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -105,6 +106,15 @@ _NO_DATA = [{"prompt": ""}]
 only lets the env be built; ``train()`` refuses (``cannot_train``) and there is nothing to evaluate."""
 
 
+def _user_stacklevel() -> int:
+    """The ``warnings.warn`` stacklevel, called from here, of the first caller outside llm_marl
+    (the script that built the trainer), however many llm_marl frames lie between."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "llm_marl":
+        frame, level = frame.f_back, level + 1
+    return level
+
+
 def _agents_matching_model(agent_model: Any, agents: Sequence[Any], count: int) -> list[Any]:
     """``agents`` given together with ``agent_model``, accepted as CoMLRL accepts it: a list of
     ``count`` model names (or models) that each name ``agent_model``; ValueError otherwise."""
@@ -148,6 +158,8 @@ def build_from_anchor_kwargs(
         raise ValueError("Either agent_model or agents must be provided: agent_model= (homogeneous agents) or agents= (a list, one per agent)")
     if reward_func is None:
         raise ValueError("reward_func is required: reward_func(answers_agent_0, answers_agent_1, ...) -> [float]")
+    if args.num_turns > 1 and external_transition is None:  # before any model is loaded, as CoMLRL checks it
+        raise ValueError(f"num_turns={args.num_turns} needs an external_transition to produce the next prompts")
     if agent_model is not None and agents is not None:
         agents = _agents_matching_model(agent_model, agents, num_agents if num_agents is not None else args.num_agents)
         agent_model = None
@@ -156,7 +168,7 @@ def build_from_anchor_kwargs(
             "dataset_type= was accepted by CoMLRL 1.4.0-1.4.2 and removed in 1.4.3; it is only recorded "
             "in the W&B run config (as dataset_type). Drop it from the trainer call.",
             DeprecationWarning,
-            stacklevel=3,
+            stacklevel=_user_stacklevel(),
         )
     if wandb_config is not None and not isinstance(wandb_config, Mapping):
         raise TypeError(f"wandb_config must be a dict (project, entity, name, dir, tags, ...), got {type(wandb_config).__name__}")

@@ -144,6 +144,13 @@ class CoMLRLSurface:
 class CoMLRLActorCriticSurface(CoMLRLSurface):
     """CoMLRL's actor-critic attributes too: ``critics`` as a list, ``agent_optimizers``, ``critic_type``."""
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        config = kwargs.get("args")
+        given = [name for name in ("critics", "critic_model") if kwargs.get(name) is not None]
+        if config is not None and not config.use_separate_critic and given:  # before any model is loaded, as CoMLRL
+            raise ValueError(f"use_separate_critic=False puts the value head on each agent's own model: pass no {' or '.join(given)}=")
+        super().__init__(*args, **kwargs)
+
     @property
     def critics(self) -> list[Any]:  # type: ignore[override]
         """The critics with their own model, in agent order (MAAC: its one central critic)."""

@@ -295,7 +295,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
         elif critics is not None:
             sources = list(critics) if isinstance(critics, (list, tuple)) else [critics]
             if len(sources) != count:
-                raise ValueError(f"critics: expected {count} (" + ("one central critic" if self.central else "one per agent") + f"), got {len(sources)}")
+                raise ValueError(f"critics: expected {count} (" + ("one central critic" if self.central else "one per agent") + f"), got {len(sources)}: critics length must match")
         else:
             return None
         built = []
