@@ -310,9 +310,6 @@ def normalize_comlrl_fields(config: Any) -> None:
     ``num_generations`` != 1; for MARLHF, ``critic_learning_rate``, ``value_loss_coef`` or
     ``value_clip_range`` <= 0.
     """
-    from llm_marl.learners.actor_critic.config import IACConfig, MAACConfig
-    from llm_marl.learners.preference.reward_model import MARLHFConfig
-
     mode = config.parallel_training
     if mode is None or isinstance(mode, str):
         mode = (mode or "none").strip().lower()
@@ -332,19 +329,19 @@ def normalize_comlrl_fields(config: Any) -> None:
         config.critic_type = "v"
     if config.train_batch_size is None:
         config.train_batch_size = config.rollout_buffer_size
-    actor_critic = isinstance(config, IACConfig)
+    actor_critic = hasattr(config, "_critic_count")  # IAC, MAAC (by shape: importing them here would be an import circle)
     if not actor_critic and _is_int(config.num_train_epochs) and config.num_train_epochs < 1:
         raise ValueError(f"num_train_epochs must be an int >= 1 (CoMLRL refuses 0), got {config.num_train_epochs!r}")
     if actor_critic:
         name = type(config).__name__.removesuffix("Config")
-        separate = isinstance(config, MAACConfig) or config.use_separate_critic
-        if config.parallel_training == "mp" and separate and config.critic_devices is None:
+        # MAAC's central critic is always its own model (its config refuses use_separate_critic=False)
+        if config.parallel_training == "mp" and config.use_separate_critic and config.critic_devices is None:
             raise ValueError(f'parallel_training="mp" needs critic_devices (one device per critic) for {name}')
         if _is_int(config.num_turns) and config.num_turns > 1 and config.num_generations != 1:
             raise ValueError(
                 f"{name} with num_turns={config.num_turns} takes num_generations=1 (as CoMLRL), got {config.num_generations!r}"
             )
-    if isinstance(config, MARLHFConfig):
+    if hasattr(config, "rl_algorithm"):  # MARLHF and MARLHFIter
         if config.critic_type not in ("v", "q"):
             raise ValueError(f"critic_type must be 'v' or 'q', got {config.critic_type!r}")
         for name in ("critic_learning_rate", "value_loss_coef", "value_clip_range"):

@@ -91,7 +91,36 @@ class _UnfinishedBatch:
     """The batch's samples not yet in the buffers."""
 
 
-class MAGRPOTrainer(JointUpdate):
+class AgentsByName:
+    """llm_marl's trainer API for the agents: ``agents`` (their names), ``optimizers`` (a dict by
+    name). The trainers read ``agent_ids`` and ``optimizer_by_agent``, so that the trainers of
+    :mod:`llm_marl.comlrl` can answer CoMLRL's lists under these names instead."""
+
+    agent_ids: list[str]
+    optimizer_by_agent: dict[str, torch.optim.Optimizer]
+
+    @property
+    def agents(self) -> list[str]:
+        """The agents' names, in the env's order (the trainer reads ``agent_ids``; the trainers of
+        :mod:`llm_marl.comlrl` answer CoMLRL's list of models here instead)."""
+        return self.agent_ids
+
+    @agents.setter
+    def agents(self, names: Sequence[str]) -> None:
+        self.agent_ids = list(names)
+
+    @property
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """Agent name -> its optimizer (``optimizer_by_agent``; a list by agent position in
+        :mod:`llm_marl.comlrl`)."""
+        return self.optimizer_by_agent
+
+    @optimizers.setter
+    def optimizers(self, optimizers: dict[str, torch.optim.Optimizer]) -> None:
+        self.optimizer_by_agent = optimizers
+
+
+class MAGRPOTrainer(AgentsByName, JointUpdate):
     """Multi-agent GRPO: baseline = mean of the group's K returns (see the module docstring)."""
 
     config_class = MAGRPOConfig
@@ -186,27 +215,6 @@ class MAGRPOTrainer(JointUpdate):
         self.launch_identity: dict[str, Any] = {}  # launch settings a resume must repeat (the CLI's env id, model, menu)
 
     # --- public API ---------------------------------------------------------------------------
-
-    @property
-    def agents(self) -> list[str]:
-        """The agents' names, in the env's order (the trainer reads ``agent_ids``; the trainers of
-        :mod:`llm_marl.comlrl` answer CoMLRL's list of models here instead)."""
-        return self.agent_ids
-
-    @agents.setter
-    def agents(self, names: Sequence[str]) -> None:
-        self.agent_ids = list(names)
-
-    @property
-    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
-        """Agent name -> its optimizer (``optimizer_by_agent``; a list by agent position in
-        :mod:`llm_marl.comlrl`)."""
-        return self.optimizer_by_agent
-
-    @optimizers.setter
-    def optimizers(self, optimizers: dict[str, torch.optim.Optimizer]) -> None:
-        self.optimizer_by_agent = optimizers
-
 
     def train(self, resume_from_checkpoint: str | bool | None = None) -> TrainerState:
         """Train for ``num_train_epochs`` epochs; returns the final :class:`TrainerState`.
