@@ -333,7 +333,7 @@ def _tokenizers(tokenizer: Any, sources: list[Any], label: str, names: list[Any]
     user gave them, for messages)."""
     if isinstance(tokenizer, (list, tuple)):
         if len(tokenizer) != len(sources):
-            raise AssemblyError(f"tokenizer: got {len(tokenizer)} tokenizers for {len(sources)} agents")
+            raise AssemblyError(f"tokenizer: got {len(tokenizer)} tokenizers for {len(sources)} agents (tokenizers length must match)")
         return [copy.deepcopy(t) for t in tokenizer]
     if tokenizer is not None:
         return [copy.deepcopy(tokenizer) for _ in sources]

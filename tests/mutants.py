@@ -181,8 +181,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "an update waits for every agent's buffer",
         "llm_marl/learners/update.py",
-        "        return any(self._buffer_full(agent) for agent in self.agents)\n",
-        "        return all(self._buffer_full(agent) for agent in self.agents)\n",
+        "        return any(self._buffer_full(agent) for agent in self.agent_ids)\n",
+        "        return all(self._buffer_full(agent) for agent in self.agent_ids)\n",
         ("tests/test_turn_based.py",),
     ),
     Mutant(
@@ -203,8 +203,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "resume starts with empty rollout buffers",
         "llm_marl/runs/checkpoint.py",
-        'trainer.buffers = {keys.get(a, a): RolloutBuffer(extra["buffers"][a]) for a in trainer.agents}',
-        "trainer.buffers = {a: RolloutBuffer() for a in trainer.agents}",
+        'trainer.buffers = {keys.get(a, a): RolloutBuffer(extra["buffers"][a]) for a in trainer.agent_ids}',
+        "trainer.buffers = {a: RolloutBuffer() for a in trainer.agent_ids}",
         ("tests/test_reliability.py::test_resume_from_a_checkpoint_with_filled_buffers_equals_uninterrupted",),
     ),
     Mutant(
@@ -456,7 +456,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "MAAC reads every agent's value from output 0 (the anchor's Q8)",
         "llm_marl/learners/actor_critic/trainer.py",
-        'return "critic", self.agents.index(agent)',
+        'return "critic", self.agent_ids.index(agent)',
         'return "critic", 0',
         ("tests/test_actor_critic.py::test_t7_maac_bootstraps_each_agent_from_its_own_output_of_the_joint_value",),
     ),

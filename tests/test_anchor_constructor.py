@@ -458,12 +458,14 @@ def test_multi_turn_without_transition(model_a):
         build(model_a, args=config(num_turns=2))
 
 
-def test_agent_model_and_agents_both_or_neither(model_a):
-    with pytest.raises(ValueError, match="exactly one of agent_model= .* or agents="):
-        build(model_a, agents=[model_a, model_a])
-    with pytest.raises(ValueError, match="exactly one of agent_model= .* or agents="):
+def test_agent_model_and_agents_both_or_neither(model_a, tmp_path):
+    both = build(model_a, agents=[model_a, model_a])  # agents naming agent_model once per agent: accepted, as CoMLRL
+    assert both.policies["agent_0"].model is not both.policies["agent_1"].model
+    with pytest.raises(ValueError, match="agent_model and agents conflict"):
+        build(model_a, agents=[model_a, str(tmp_path)])
+    with pytest.raises(ValueError, match="Either agent_model or agents must be provided"):
         build(model_a, agent_model=None)
-    with pytest.raises(ValueError, match="exactly one of agent_model="):
+    with pytest.raises(ValueError, match="Either agent_model or agents"):
         MAGRPOTrainer()
 
 
@@ -494,8 +496,9 @@ def test_num_agents_mismatch(model_a):
 def test_missing_required_keywords(model_a):
     with pytest.raises(ValueError, match="reward_func is required"):
         build(model_a, reward_func=None)
+    without_data = build(model_a, train_dataset=None)  # built, as CoMLRL builds it
     with pytest.raises(ValueError, match="train_dataset is required"):
-        build(model_a, train_dataset=None)
+        without_data.train()
     with pytest.raises(TypeError, match="not both"):
         MAGRPOTrainer(env=object(), agent_model=model_a, reward_func=lambda a, b: [1.0], train_dataset=TRAIN)
     with pytest.raises(TypeError, match="unexpected keyword argument 'reward_fn'"):

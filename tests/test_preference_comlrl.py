@@ -214,7 +214,7 @@ def test_centralized_magrpo_with_comlrl_keywords_splits_the_joint_answer_for_the
         formatters=[lambda item: f"first {item['topic']}", lambda item: f"second {item['topic']}"],
         train_dataset=Dataset.from_list([{"topic": "module"}, {"topic": "import"}]), args=args,
     )
-    assert trainer.agents == ["actor"] and trainer.role_args.num_agents == 2 and args.weight_decay == 0.01
+    assert trainer.agent_ids == ["actor"] and len(trainer.agents) == trainer.num_agents == 1 and trainer.role_args.num_agents == 2 and args.weight_decay == 0.01
     observations, _ = trainer.env.reset(options={"index": 0})
     assert "Agent 0 original prompt:\nfirst module" in observations["actor"] and "Agent 1 original prompt:\nsecond module" in observations["actor"]
     trainer.train()
@@ -255,8 +255,8 @@ def test_centralized_madpo_and_marlhf_from_comlrl_keywords(tiny_model, tmp_path)
                     formatters=[lambda item: f"first {item['prompt']}", lambda item: f"second {item['prompt']}"],
                     centralized_comparator_adapter=Halves())
     madpo = MADPOTrainer(args=MADPOConfig(**common, output_dir=str(tmp_path / "madpo")), **keywords)
-    assert madpo.agents == ["actor"] and madpo.roles == ["agent_0", "agent_1"]
+    assert madpo.agent_ids == ["actor"] and madpo.roles == ["agent_0", "agent_1"]
     madpo.train()
     marlhf = MARLHFTrainer(args=MARLHFConfig(**common, num_generations=2, reward_learning_rate=1e-3, output_dir=str(tmp_path / "marlhf")), **keywords)
     marlhf.train()
-    assert marlhf.agents == ["actor"] and marlhf.reward_phase.done
+    assert marlhf.agent_ids == ["actor"] and marlhf.reward_phase.done

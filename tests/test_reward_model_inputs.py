@@ -98,10 +98,10 @@ def test_reward_max_length_keeps_the_answers(gpt2):
     trainer = marlhf(gpt2, reward_max_length=16)
     [node] = collect_trees(trainer.env, trainer.policies, [0], trainer.args, seed=1)
     texts = [trainer._joint_text(node, j) for j in range(len(node.joint))]
-    assert len({tuple(node.completions[a][node.joint[j][p]].token_ids for p, a in enumerate(trainer.agents)) for j in range(len(texts))}) > 1
+    assert len({tuple(node.completions[a][node.joint[j][p]].token_ids for p, a in enumerate(trainer.agent_ids)) for j in range(len(texts))}) > 1
     rows = trainer.reward_model.encode(texts)
     for j, ids in enumerate(rows):
-        first, second = (list(node.completions[a][node.joint[j][p]].token_ids) for p, a in enumerate(trainer.agents))
+        first, second = (list(node.completions[a][node.joint[j][p]].token_ids) for p, a in enumerate(trainer.agent_ids))
         assert len(ids) <= 16 and ids[-len(second) :] == second
         assert any(ids[i : i + len(first)] == first for i in range(len(ids)))
     scores = trainer.reward_model_scores([node])[0]
@@ -151,8 +151,8 @@ def test_comlrl_path_interleaves_each_prompt_with_its_answer(gpt2):
     trainer = CoMLRLTrainer(env=DialogueEnv(Talk()), policies=policies(gpt2), args=args)
     [node] = collect_trees(trainer.env, trainer.policies, [0], trainer.args, seed=1)
     text = trainer._joint_text(node, 0)
-    answers = [node.completions[a][node.joint[0][p]].text for p, a in enumerate(trainer.agents)]
-    prompts = [node.observations[a] for a in trainer.agents]
+    answers = [node.completions[a][node.joint[0][p]].text for p, a in enumerate(trainer.agent_ids)]
+    prompts = [node.observations[a] for a in trainer.agent_ids]
     assert text == (f"Joint multi-agent response\n\nAgent 1 prompt:\n{prompts[0]}\n\nAgent 1 response:\n{answers[0]}"
                     f"\n\nAgent 2 prompt:\n{prompts[1]}\n\nAgent 2 response:\n{answers[1]}")
     assert trainer.reward_model.truncation_side == "right"
@@ -165,7 +165,7 @@ def test_a_bf16_agents_default_reward_model_trains_in_float32(gpt2):
     trainer = MARLHFTrainer(env=DialogueEnv(Talk()), policies=[CausalLMPolicy(copy.deepcopy(model), tokenizer, max_new_tokens=3) for _ in range(2)],
                             args=MARLHFConfig(num_train_epochs=1, preference_num_candidates=2, num_generations=2, eval_interval=0, progress_bar=False))
     assert {p.dtype for p in trainer.reward_model.parameters()} == {torch.float32}
-    assert {next(trainer.policies[a].model.parameters()).dtype for a in trainer.agents} == {torch.bfloat16}  # the agents' models are untouched
+    assert {next(trainer.policies[a].model.parameters()).dtype for a in trainer.agent_ids} == {torch.bfloat16}  # the agents' models are untouched
 
 
 def test_marlhf_with_an_actor_critic_rl_phase_refuses_per_agent_rewards():

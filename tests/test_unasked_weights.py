@@ -103,7 +103,7 @@ def test_a_comlrl_style_run_writes_no_weights_until_save_model(tiny, work, write
     trainer.save_model(str(work / "saved"))  # asked for: loadable weights, equal to the trained ones
     from transformers import AutoModelForCausalLM
 
-    for i, agent in enumerate(trainer.agents):
+    for i, agent in enumerate(trainer.agent_ids):
         loaded = AutoModelForCausalLM.from_pretrained(work / "saved" / f"agent_{i}").state_dict()
         mine = trainer.policies[agent].model.state_dict()
         name = next(n for n in mine if n.endswith("c_attn.weight"))

@@ -60,6 +60,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import os
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
@@ -100,6 +101,38 @@ def _default_formatter(item: Any) -> str:
     return item["prompt"]
 
 
+_NO_DATA = [{"prompt": ""}]
+"""The stand-in training split of a trainer built with neither dataset (CoMLRL builds one): it
+only lets the env be built; ``train()`` refuses (``cannot_train``) and there is nothing to evaluate."""
+
+
+def _user_stacklevel() -> int:
+    """The ``warnings.warn`` stacklevel, called from here, of the first caller outside llm_marl
+    (the script that built the trainer), however many llm_marl frames lie between."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").split(".")[0] == "llm_marl":
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _agents_matching_model(agent_model: Any, agents: Sequence[Any], count: int) -> list[Any]:
+    """``agents`` given together with ``agent_model``, accepted as CoMLRL accepts it: a list of
+    ``count`` model names (or models) that each name ``agent_model``; ValueError otherwise."""
+    if isinstance(agents, (str, bytes)) or not isinstance(agents, Sequence):
+        raise ValueError(f"agent_model and agents given together: agents must be a list of {count} model names, got {type(agents).__name__}")
+    if len(agents) != count:
+        raise ValueError(f"agents length ({len(agents)}) must match num_agents ({count}) when agent_model is given too")
+    wanted = _source_name(agent_model)
+    names = [_source_name(source) for source in agents]
+    if any(name != wanted for name in names):
+        raise ValueError(f"agent_model and agents conflict: {wanted!r} != {names!r}; pass one of them")
+    return list(agents)
+
+
+def _source_name(source: Any) -> str:
+    return source if isinstance(source, str) else _model_name(source)
+
+
 def build_from_anchor_kwargs(
     args: Any,
     *,
@@ -121,18 +154,21 @@ def build_from_anchor_kwargs(
     algorithm: str = "magrpo",
 ) -> AnchorBuild:
     """Build env, eval env and policies from the anchor library's keywords (see module doc)."""
-    if (agent_model is None) == (agents is None):
-        raise ValueError("pass exactly one of agent_model= (homogeneous agents) or agents= (a list, one per agent)")
+    if agent_model is None and agents is None:
+        raise ValueError("Either agent_model or agents must be provided: agent_model= (homogeneous agents) or agents= (a list, one per agent)")
     if reward_func is None:
         raise ValueError("reward_func is required: reward_func(answers_agent_0, answers_agent_1, ...) -> [float]")
-    if train_dataset is None and eval_dataset is None:
-        raise ValueError("train_dataset is required to train (or give eval_dataset= to only evaluate)")
+    if args.num_turns > 1 and external_transition is None:  # before any model is loaded, as CoMLRL checks it
+        raise ValueError(f"num_turns={args.num_turns} needs an external_transition to produce the next prompts")
+    if agent_model is not None and agents is not None:
+        agents = _agents_matching_model(agent_model, agents, num_agents if num_agents is not None else args.num_agents)
+        agent_model = None
     if dataset_type is not None:
         warnings.warn(
             "dataset_type= was accepted by CoMLRL 1.4.0-1.4.2 and removed in 1.4.3; it is only recorded "
             "in the W&B run config (as dataset_type). Drop it from the trainer call.",
             DeprecationWarning,
-            stacklevel=3,
+            stacklevel=_user_stacklevel(),
         )
     if wandb_config is not None and not isinstance(wandb_config, Mapping):
         raise TypeError(f"wandb_config must be a dict (project, entity, name, dir, tags, ...), got {type(wandb_config).__name__}")
@@ -146,11 +182,12 @@ def build_from_anchor_kwargs(
     sources = list(agents) if agents is not None else [agent_model] * count
     built = anchor_policies(args, sources if agents is not None else agent_model, tokenizer, model_config, count)
     policies, tokenizers = built.policies, built.tokenizers
+    no_data = train_dataset is None and eval_dataset is None
     task = FunctionTask(
         reward_func,
         formatters if formatters is not None else _default_formatter,
         external_transition,
-        train_dataset,
+        _NO_DATA if no_data else train_dataset,
         num_agents=count,
         num_turns=args.num_turns,
         eval_dataset=eval_dataset,
@@ -158,7 +195,7 @@ def build_from_anchor_kwargs(
         external_prompt_passthrough=args.external_prompt_passthrough,
     )
     eval_env = DialogueEnv(task, split="eval") if eval_dataset is not None and len(eval_dataset) else None
-    env = DialogueEnv(task, split="train") if train_dataset is not None else (eval_env or DialogueEnv(task, split="eval"))
+    env = DialogueEnv(task, split="train") if train_dataset is not None or no_data else (eval_env or DialogueEnv(task, split="eval"))
     cannot_train = None if train_dataset is not None else "train_dataset is required to train: pass train_dataset= to the trainer"
     if args.save_final_checkpoint is None:  # CoMLRL writes weights only when asked: save_model or save_steps
         args = dataclasses.replace(args, save_final_checkpoint=args.save_steps > 0)
@@ -257,18 +294,64 @@ ADAMW_DEFAULT_WEIGHT_DECAY: float = inspect.signature(__import__("torch").optim.
 
 
 def normalize_comlrl_fields(config: Any) -> None:
-    """CoMLRL spellings in a config, before validation: ``parallel_training`` "null" (any case)
-    means "none"; an ``agent_devices`` / ``reference_devices`` of "auto" (or ["auto"]) means
-    cuda:0 when CUDA is available, else cpu."""
-    if isinstance(config.parallel_training, str):
-        mode = config.parallel_training.strip().lower()
-        config.parallel_training = "none" if mode == "null" else mode
+    """A :mod:`llm_marl.comlrl` config as CoMLRL 1.4.3's ``__post_init__`` takes it, before
+    llm_marl's validation (docs/migrating.md, *Accepted and refused as CoMLRL*).
+
+    Spellings: ``parallel_training`` None, "" or "null" (any case) means "none"; an
+    ``agent_devices`` / ``reference_devices`` of "auto" (or ["auto"]) means cuda:0 when CUDA is
+    available, else cpu; ``joint_mode`` and ``advantage_mode`` in any case, "align" for
+    "aligned", and with one agent any ``joint_mode`` (one agent has no joint choice: "aligned");
+    ``critic_type`` in any case, None for "v"; ``train_batch_size`` None is filled with
+    ``rollout_buffer_size``.
+
+    Refused with ValueError, as CoMLRL refuses them: ``num_train_epochs`` < 1 (the actor-critic
+    configs accept any, as CoMLRL's do); for IAC and MAAC, ``parallel_training="mp"`` without
+    ``critic_devices`` (IAC: when ``use_separate_critic``) and ``num_turns`` > 1 with
+    ``num_generations`` != 1; for MARLHF, ``critic_learning_rate``, ``value_loss_coef`` or
+    ``value_clip_range`` <= 0.
+    """
+    mode = config.parallel_training
+    if mode is None or isinstance(mode, str):
+        mode = (mode or "none").strip().lower()
+        config.parallel_training = "none" if mode in ("null", "") else mode
     for name in ("agent_devices", "reference_devices"):
         devices = getattr(config, name)
         if devices == "auto" or (isinstance(devices, (list, tuple)) and list(devices) == ["auto"]):
             import torch
 
             setattr(config, name, "cuda:0" if torch.cuda.is_available() else "cpu")
+    for name in ("joint_mode", "advantage_mode", "critic_type"):
+        if isinstance(getattr(config, name, None), str):
+            setattr(config, name, getattr(config, name).strip().lower())
+    if config.joint_mode == "align" or (config.num_agents == 1 and isinstance(config.num_agents, int)):
+        config.joint_mode = "aligned"
+    if hasattr(config, "critic_type") and config.critic_type in (None, ""):
+        config.critic_type = "v"
+    if config.train_batch_size is None:
+        config.train_batch_size = config.rollout_buffer_size
+    actor_critic = hasattr(config, "_critic_count")  # IAC, MAAC (by shape: importing them here would be an import circle)
+    if not actor_critic and _is_int(config.num_train_epochs) and config.num_train_epochs < 1:
+        raise ValueError(f"num_train_epochs must be an int >= 1 (CoMLRL refuses 0), got {config.num_train_epochs!r}")
+    if actor_critic:
+        name = type(config).__name__.removesuffix("Config")
+        # MAAC's central critic is always its own model (its config refuses use_separate_critic=False)
+        if config.parallel_training == "mp" and config.use_separate_critic and config.critic_devices is None:
+            raise ValueError(f'parallel_training="mp" needs critic_devices (one device per critic) for {name}')
+        if _is_int(config.num_turns) and config.num_turns > 1 and config.num_generations != 1:
+            raise ValueError(
+                f"{name} with num_turns={config.num_turns} takes num_generations=1 (as CoMLRL), got {config.num_generations!r}"
+            )
+    if hasattr(config, "rl_algorithm"):  # MARLHF and MARLHFIter
+        if config.critic_type not in ("v", "q"):
+            raise ValueError(f"critic_type must be 'v' or 'q', got {config.critic_type!r}")
+        for name in ("critic_learning_rate", "value_loss_coef", "value_clip_range"):
+            value = getattr(config, name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and value <= 0:
+                raise ValueError(f"{name} must be > 0{' or None' if name != 'value_loss_coef' else ''}, got {value!r}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class CoMLRLTrain:

@@ -29,8 +29,10 @@ from typing import Any
 _NONE_WORDS = ("none", "null")
 
 
-class ConfigTypeError(ValueError):
-    """A config value does not have, and cannot be read as, its field's type."""
+class ConfigTypeError(ValueError, TypeError):
+    """A config value does not have, and cannot be read as, its field's type: a ValueError (the
+    value is wrong) and a TypeError (of the wrong type), so ``except`` of either catches it, as
+    code written for CoMLRL, whose configs fail with TypeError there, expects."""
 
 
 def field_types(config_class: type) -> dict[str, Any]:

@@ -137,7 +137,7 @@ def hook_metrics(trainer: Any, env: ParallelEnv, roots: list[RolloutNode]) -> di
     data = getattr(env, "data", None)
     chains = [list(root.nodes()) for root in roots]
     completions = [  # "" at a turn where the agent did not act (turn-based envs)
-        [[node.completions[a][0].text if node.acts(a) else "" for node in chain] for chain in chains] for a in trainer.agents
+        [[node.completions[a][0].text if node.acts(a) else "" for node in chain] for chain in chains] for a in trainer.agent_ids
     ]
     items = [data[root.index] if data is not None else {"index": root.index} for root in roots]
     prompts = [item.get("prompt", "") if isinstance(item, Mapping) else "" for item in items]

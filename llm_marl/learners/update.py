@@ -123,7 +123,7 @@ class JointUpdate:
         """Whether an update is due: some agent's buffer holds ``rollout_buffer_size`` samples.
         Every agent's fills at once where every agent acts at every node; in a turn-based env an
         agent that acts less (or never) does not hold up the others' updates."""
-        return any(self._buffer_full(agent) for agent in self.agents)
+        return any(self._buffer_full(agent) for agent in self.agent_ids)
 
     def _update(self, full_only: bool = False) -> None:
         """Consume every agent's buffer in mini-batches of train_batch_size, one optimizer step each;
@@ -153,14 +153,14 @@ class JointUpdate:
             if not self.dist.max(int(any(len(buffer) for buffer in self.buffers.values()))):
                 return
             if self.dist.enabled:
-                for agent in self.agents:
+                for agent in self.agent_ids:
                     policy = self.policies[agent]
                     if hasattr(policy, "pending_observations"):
                         policy.add_observations(self.dist.union(policy.pending_observations()))
             size = self.args.resolved_train_batch_size
-            chosen = [agent for agent in self.agents if not full_only or self.dist.max(int(self._buffer_full(agent)))]
-            batches = {agent: self._minibatches(agent, size) if agent in chosen else [] for agent in self.agents}
-            counts = {agent: self.dist.max(len(batches[agent])) for agent in self.agents}
+            chosen = [agent for agent in self.agent_ids if not full_only or self.dist.max(int(self._buffer_full(agent)))]
+            batches = {agent: self._minibatches(agent, size) if agent in chosen else [] for agent in self.agent_ids}
+            counts = {agent: self.dist.max(len(batches[agent])) for agent in self.agent_ids}
             first = 0
         for i in range(first, max(counts.values())):
             if self._reached_max_steps() and not self.dist.enabled:  # the rest stays planned (checkpointed) for the next call
@@ -168,11 +168,11 @@ class JointUpdate:
                 return
             step = {
                 agent: batches[agent][i] if i < len(batches[agent]) else []
-                for agent in self.agents
-                if agent in self.optimizers and i < counts[agent]
+                for agent in self.agent_ids
+                if agent in self.optimizer_by_agent and i < counts[agent]
             }
             self._joint_optimizer_step(step)
-            for agent in self.agents:
+            for agent in self.agent_ids:
                 if i < len(batches[agent]):
                     self.buffers[agent].discard(len(batches[agent][i]))
             self.state.global_step += 1
@@ -208,13 +208,13 @@ class JointUpdate:
                     f"global_step are as before this step){self._last_good()}"
                 )
         except BaseException:
-            for optimizer in [self.optimizers[agent] for agent in agents] + [o for _, o, _ in others]:
+            for optimizer in [self.optimizer_by_agent[agent] for agent in agents] + [o for _, o, _ in others]:
                 optimizer.zero_grad(set_to_none=True)
             raise
         for agent, result in zip(agents, results):
-            self.optimizers[agent].step()
-            weights_changed(optimizer_parameters(self.optimizers[agent]))  # whatever the optimizer
-            self.optimizers[agent].zero_grad(set_to_none=True)
+            self.optimizer_by_agent[agent].step()
+            weights_changed(optimizer_parameters(self.optimizer_by_agent[agent]))  # whatever the optimizer
+            self.optimizer_by_agent[agent].zero_grad(set_to_none=True)
             self._note(f"train/{agent}/loss", result.loss)
             self._note(f"train/{agent}/grad_norm", result.grad_norm)
             if result.log_prob_mean is not None:
@@ -283,7 +283,7 @@ class JointUpdate:
             if len(group) < 2:
                 continue
             for agent in group:
-                self.optimizers[agent].zero_grad(set_to_none=True)
+                self.optimizer_by_agent[agent].zero_grad(set_to_none=True)
             scored = _score_batches(self.policies, {a: with_samples[a] for a in group}, self.args.logprob_reduction)
             finite = []
             for agent in group:
@@ -301,7 +301,7 @@ class JointUpdate:
         """Gradient of the mean sample loss of ``batch`` (of the union of the ranks' batches) in
         the agent's parameters, summed over ranks and clipped; nothing is stepped. ``done``: the
         loss and mean log-prob where the team's backward already ran (:meth:`_team_backward`)."""
-        optimizer, params = self.optimizers[agent], self.trainable[agent]
+        optimizer, params = self.optimizer_by_agent[agent], self.trainable[agent]
         if done is not None:  # back-propagated with its team: only sum over ranks, check and clip
             local, log_prob_mean = done
             return self._gradient(f"agent {agent!r}", params, local.detach(), batch, log_prob_mean)

@@ -75,9 +75,9 @@ def save(trainer: Any) -> str:
 
         tmp = shared_value(tmp)  # rank 0's folder, once it exists
         references = getattr(trainer, "sharded_references", {})
-        for i, agent in enumerate(trainer.agents):
+        for i, agent in enumerate(trainer.agent_ids):
             if agent in sharded and not sharded[agent].frozen:  # (a LoRA team's adapters are whole: rank 0 saves them below)
-                save_shards(sharded[agent], trainer.optimizers.get(agent), os.path.join(tmp, f"agent_{i}", "shards"))
+                save_shards(sharded[agent], trainer.optimizer_by_agent.get(agent), os.path.join(tmp, f"agent_{i}", "shards"))
             if agent in references:
                 save_shards(references[agent], None, os.path.join(tmp, f"agent_{i}", "reference_shards"))
         for folder, shard, optimizer in _critic_shards(trainer):
@@ -93,7 +93,7 @@ def save(trainer: Any) -> str:
         os.path.join(tmp, "trainer_state.json"),
         {"state": dataclasses.asdict(state), "args": _jsonable(trainer.args.to_dict()), "run": run},
     )
-    for i, agent in enumerate(trainer.agents):
+    for i, agent in enumerate(trainer.agent_ids):
         folder = os.path.join(tmp, f"agent_{i}")
         os.makedirs(folder, exist_ok=True)
         policy = trainer.policies[agent]
@@ -101,8 +101,8 @@ def save(trainer: Any) -> str:
             continue  # its weights, optimizer state and reference are the shards written above
         if hasattr(policy, "state_dict"):
             torch.save(policy.state_dict(), os.path.join(folder, "policy.pt"))
-        if agent in trainer.optimizers:
-            torch.save(trainer.optimizers[agent].state_dict(), os.path.join(folder, "optimizer.pt"))
+        if agent in trainer.optimizer_by_agent:
+            torch.save(trainer.optimizer_by_agent[agent].state_dict(), os.path.join(folder, "optimizer.pt"))
         if trainer.reference_policies is not None and hasattr(trainer.reference_policies[agent], "state_dict"):
             torch.save(trainer.reference_policies[agent].state_dict(), os.path.join(folder, "reference.pt"))
     for name, extra in _extras(trainer).items():
@@ -144,7 +144,7 @@ def _critic_shards(trainer: Any) -> list[tuple[str, Any, Any]]:
     """``(folder, sharded model, optimizer)`` of each critic sharded with its own model (fsdp=True):
     its weights, value head and optimizer state go to ``critic_<i>_shards/``; MARLHF's sharded
     reward model to ``reward_model_shards/``."""
-    names = list(getattr(trainer, "critics", None) or {})
+    names = list(getattr(trainer, "critic_by_agent", None) or {})
     optimizers = getattr(trainer, "critic_optimizers", {})
     found = [(f"critic_{names.index(name)}_shards", shard, optimizers.get(name))
              for name, shard in getattr(trainer, "sharded_critics", {}).items() if not shard.frozen]
@@ -253,9 +253,9 @@ def load(trainer: Any, path: str) -> None:
     """Restore ``trainer`` from checkpoint ``path`` (verified first)."""
     verify(path)
     saved = _read_json(os.path.join(path, "trainer_state.json"))
-    if saved["args"].get("num_agents") != len(trainer.agents):
-        raise CheckpointError(f"{path}: saved for {saved['args'].get('num_agents')} agents, trainer has {len(trainer.agents)}")
-    for i, agent in enumerate(trainer.agents):
+    if saved["args"].get("num_agents") != len(trainer.agent_ids):
+        raise CheckpointError(f"{path}: saved for {saved['args'].get('num_agents')} agents, trainer has {len(trainer.agent_ids)}")
+    for i, agent in enumerate(trainer.agent_ids):
         folder = os.path.join(path, f"agent_{i}")
         policy = trainer.policies[agent]
         sharded = (getattr(trainer, "sharded", None) or {}).get(agent)
@@ -266,11 +266,11 @@ def load(trainer: Any, path: str) -> None:
                 raise CheckpointError(f"{path}: agent_{i} was saved {'un' if sharded else ''}sharded; resume with fsdp={not sharded}")
             from llm_marl.runs.fsdp import load_shards
 
-            load_shards(sharded, trainer.optimizers.get(agent), os.path.join(folder, "shards"))
+            load_shards(sharded, trainer.optimizer_by_agent.get(agent), os.path.join(folder, "shards"))
         elif hasattr(policy, "load_state_dict") and os.path.exists(os.path.join(folder, "policy.pt")):
             policy.load_state_dict(torch.load(os.path.join(folder, "policy.pt"), weights_only=False))
-        if agent in trainer.optimizers and sharded is None:
-            trainer.optimizers[agent].load_state_dict(torch.load(os.path.join(folder, "optimizer.pt"), weights_only=False))
+        if agent in trainer.optimizer_by_agent and sharded is None:
+            trainer.optimizer_by_agent[agent].load_state_dict(torch.load(os.path.join(folder, "optimizer.pt"), weights_only=False))
         reference = os.path.join(folder, "reference.pt")
         sharded_reference = getattr(trainer, "sharded_references", {}).get(agent)
         if sharded_reference is not None:
@@ -294,7 +294,7 @@ def load(trainer: Any, path: str) -> None:
     from llm_marl.rollouts import RolloutBuffer
 
     keys = {a: a for a in extra["buffers"]}  # the saved key objects: saved again, the pickle is byte-identical
-    trainer.buffers = {keys.get(a, a): RolloutBuffer(extra["buffers"][a]) for a in trainer.agents}
+    trainer.buffers = {keys.get(a, a): RolloutBuffer(extra["buffers"][a]) for a in trainer.agent_ids}
     trainer._pending = extra["pending"]
     trainer._batch_notes_start = {}  # a cut batch's checkpoint holds only that batch's metrics
     # the rest of an update that max_steps cut, and its batch; a batch left by a failed update

@@ -110,7 +110,7 @@ def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
         raise ValueError(f"fsdp_shard_size={shard} must divide the number of ranks ({world}): groups of {shard} ranks shard, the groups replicate")
     if optimizers is not None:
         raise ValueError("fsdp=True builds each agent's optimizer over its shards; pass optimizers=None")
-    for agent in trainer.agents:
+    for agent in trainer.agent_ids:
         policy = trainer.policies[agent]
         kind = type(policy).__name__
         if not isinstance(getattr(policy, "model", None), torch.nn.Module):
@@ -141,7 +141,7 @@ def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
     sharded: dict[str, ShardedModel] = {}
     mixed = bool(getattr(trainer.args, "mixed_precision", False))  # bf16 compute, fp32 reduction and shards
     teams: dict[int, ShardedModel] = {}  # a LoRA team's base is sharded once, for all its agents
-    for agent in trainer.agents:
+    for agent in trainer.agent_ids:
         policy = trainer.policies[agent]
         if device_type == "cuda":
             policy.to(torch.device("cuda", torch.cuda.current_device()))
@@ -169,7 +169,7 @@ def shard_agents(trainer: Any, optimizers: Any) -> dict[str, "ShardedModel"]:
         trainer.dist.broadcast_parameters(reward.parameters())
         trainer.sharded_reward_model = shard_model(reward.backbone, mesh, "the reward model", mixed=mixed)
         trainer.sharded_reward_model.checkpointed = reward
-    for critic in (getattr(trainer, "critics", None) or {}).values():  # a head on an agent's own model: saved with it
+    for critic in (getattr(trainer, "critic_by_agent", None) or {}).values():  # a head on an agent's own model: saved with it
         owner = next((m for m in sharded.values() if getattr(critic, "shared", False) and m.model is getattr(critic, "model", None)), None)
         if owner is not None:
             owner.checkpointed = torch.nn.ModuleDict({"model": owner.model, "head": critic.head})
@@ -184,7 +184,7 @@ def shard_critics(trainer: Any, mesh: Any, device_type: str, teams: dict[int, "S
     on its actor's own model (``use_separate_critic=False``) runs inside the actor's update and
     needs none; a tabular critic is whole on every rank."""
     critics: dict[str, ShardedModel] = {}
-    for name, critic in (getattr(trainer, "critics", None) or {}).items():
+    for name, critic in (getattr(trainer, "critic_by_agent", None) or {}).items():
         team = getattr(critic, "team", None)
         if team is not None:
             critics[name] = teams[id(team)]

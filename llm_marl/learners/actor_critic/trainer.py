@@ -161,23 +161,23 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
         model_config = dict(kwargs.get("model_config") or {})
         anchor = bool({k for k in kwargs if k not in ("optimizers", "eval_logger", "eval_aggregator")}) or env is None
         self._critic_sources = (critics, critic_model, model_config, anchor)
-        self.critics: dict[str, Critic] = {}
+        self.critic_by_agent: dict[str, Critic] = {}
         super().__init__(env, policies, args, eval_env, **kwargs)  # fsdp=True: calls _make_critics before sharding
         self.metrics_callback = metrics_callback
         self._callback_takes_rollouts = anchor  # CoMLRL's keywords: CoMLRL's RolloutSample objects
-        if not self.critics:
+        if not self.critic_by_agent:
             self._make_critics()
         self.critic_optimizers: dict[str, torch.optim.Optimizer] = {}
         self.critic_params: dict[str, list[torch.nn.Parameter]] = {}
-        for name, critic in self.critics.items():
+        for name, critic in self.critic_by_agent.items():
             params = [p for p in critic.parameters() if p.requires_grad]
             if not self.args.use_separate_critic:
                 # One step on L_pi + L_V at the actor's rate: the actor's optimizer holds the critic.
                 known = {id(p) for p in self.trainable[name]}
                 extra = [p for p in params if id(p) not in known]
                 self.trainable[name] = self.trainable[name] + extra
-                if extra and name in self.optimizers:
-                    self.optimizers[name].add_param_group({"params": extra})
+                if extra and name in self.optimizer_by_agent:
+                    self.optimizer_by_agent[name].add_param_group({"params": extra})
             elif params:
                 self.critic_params[name] = params
                 if critic_optimizers is not None and name in critic_optimizers:
@@ -187,6 +187,17 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
 
     # --- critics ----------------------------------------------------------------------------
 
+    @property
+    def critics(self) -> dict[str, Critic]:
+        """Agent name (MAAC: "critic") -> critic (``critic_by_agent``; a list of models in
+        :mod:`llm_marl.comlrl`)."""
+        return self.critic_by_agent
+
+    @critics.setter
+    def critics(self, critics: dict[str, Critic]) -> None:
+        self.critic_by_agent = critics
+
+
     def _make_critics(self) -> None:
         """Build and place the critics from the constructor's ``critics`` / ``critic_model``."""
         critics, critic_model, model_config, anchor = self._critic_sources
@@ -194,25 +205,25 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
             critics = self._anchor_critics(critics, critic_model, model_config)
         elif critic_model is not None:
             raise TypeError("critic_model= belongs to the anchor keywords; env-native trainers take critics=")
-        self.critics = self._resolve_critics(critics)
+        self.critic_by_agent = self._resolve_critics(critics)
         self._place_critics()
 
     def critic_of(self, agent: str) -> tuple[str, int]:
         """(name of the critic judging ``agent``, index of ``agent``'s output in it)."""
         if self.central:
-            return "critic", self.agents.index(agent)
+            return "critic", self.agent_ids.index(agent)
         return agent, 0
 
     def _critic_count(self) -> int:
-        return 1 if self.central else len(self.agents)
+        return 1 if self.central else len(self.agent_ids)
 
     def _resolve_critics(self, critics: Any) -> dict[str, Critic]:
-        outputs = len(self.agents) if self.central else 1
+        outputs = len(self.agent_ids) if self.central else 1
         if critics is None:
             if self.central:
-                critics = {"critic": self._default_critic(self.agents[0], outputs)}
+                critics = {"critic": self._default_critic(self.agent_ids[0], outputs)}
             else:
-                critics = {agent: self._default_critic(agent, outputs) for agent in self.agents}
+                critics = {agent: self._default_critic(agent, outputs) for agent in self.agent_ids}
         elif self.central:
             if isinstance(critics, Mapping):
                 critics = list(critics.values())
@@ -224,7 +235,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
         else:
             from llm_marl.learners.reinforce.trainer import _by_agent
 
-            critics = _by_agent(critics, self.agents, "critics")
+            critics = _by_agent(critics, self.agent_ids, "critics")
         for name, critic in critics.items():
             if not callable(getattr(critic, "values", None)) or not callable(getattr(critic, "parameters", None)):
                 raise TypeError(f"critic {name!r} must have values() and parameters() (the Critic protocol), got {type(critic).__name__}")
@@ -254,19 +265,19 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
 
     def _critic_seed(self, agent: str | int) -> int:
         """The seed of a fresh value head: ``args.seed`` and the critic's index (IAC: the agent's)."""
-        index = agent if isinstance(agent, int) else (0 if self.central else self.agents.index(agent))
+        index = agent if isinstance(agent, int) else (0 if self.central else self.agent_ids.index(agent))
         return derive_seed(self.args.seed, "value_head", index)
 
     def _place_critics(self) -> None:
         devices = self.args.critic_devices
-        for i, (name, critic) in enumerate(self.critics.items()):
+        for i, (name, critic) in enumerate(self.critic_by_agent.items()):
             device = None
             if devices:
                 device = devices[min(i, len(devices) - 1)]
             elif not self.central and self.args.agent_devices is not None:
                 device = self.args.agent_devices[i]
             if device is not None and hasattr(critic, "to") and not getattr(critic, "shared", False):
-                self.critics[name] = critic.to(device) or critic
+                self.critic_by_agent[name] = critic.to(device) or critic
 
     def _anchor_critics(self, critics: Any, critic_model: Any, model_config: dict[str, Any]) -> Any:
         """Critics from the anchor keywords: ``critics`` (IAC: one per agent; MAAC: one) or one
@@ -284,7 +295,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
         elif critics is not None:
             sources = list(critics) if isinstance(critics, (list, tuple)) else [critics]
             if len(sources) != count:
-                raise ValueError(f"critics: expected {count} (" + ("one central critic" if self.central else "one per agent") + f"), got {len(sources)}")
+                raise ValueError(f"critics: expected {count} (" + ("one central critic" if self.central else "one per agent") + f"), got {len(sources)}: critics length must match")
         else:
             return None
         built = []
@@ -295,7 +306,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
     def _critic_from_source(self, source: Any, i: int, shared_source: bool, model_config: dict[str, Any]) -> Critic:
         from llm_marl.policies.lm_critic import CausalLMCritic
 
-        outputs = len(self.agents) if self.central else 1
+        outputs = len(self.agent_ids) if self.central else 1
         width = self.args.critic_value_head_hidden_dim or model_config.get("critic_value_head_hidden_dim")
         if isinstance(source, str):
             from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -338,7 +349,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
     def checkpoint_extras(self) -> dict[str, Any]:
         """Critics and their optimizers, saved in and restored from checkpoints."""
         extras: dict[str, Any] = {}
-        for i, (name, critic) in enumerate(self.critics.items()):
+        for i, (name, critic) in enumerate(self.critic_by_agent.items()):
             shard = getattr(self, "sharded_critics", {}).get(name)
             if shard is not None and not shard.frozen:
                 continue  # fsdp: its shards, head and optimizer state are written by torch.distributed.checkpoint
@@ -353,8 +364,8 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
         from llm_marl.runs.run_dir import agent_folders
 
         super().save_model(output_dir)
-        folders = agent_folders(self.agents)
-        for i, (name, critic) in enumerate(self.critics.items()):
+        folders = agent_folders(self.agent_ids)
+        for i, (name, critic) in enumerate(self.critic_by_agent.items()):
             target = os.path.join(output_dir, "critic") if self.central else os.path.join(output_dir, folders[i], "critic")
             os.makedirs(target, exist_ok=True)
             shard = getattr(self, "sharded_critics", {}).get(name)
@@ -382,7 +393,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
         q_inputs: dict[str, list[list[Any]]] = {}
         q_values: dict[str, torch.Tensor] = {}
         with torch.no_grad():
-            for name, critic in self.critics.items():
+            for name, critic in self.critic_by_agent.items():
                 agent = None if self.central else name
                 v_inputs[name] = [self._critic_observation(node, agent) for node in nodes]
                 values[name] = self._checked(critic.values(v_inputs[name]), name, nodes, "V")
@@ -413,7 +424,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
             return passed[key]
 
         for n, node in enumerate(nodes):
-            for agent in self.agents:
+            for agent in self.agent_ids:
                 if not node.acts(agent):
                     continue  # turn-based: no sample where the agent does not act
                 name, out = self.critic_of(agent)
@@ -455,7 +466,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
                         critic_actions=actions,
                     )
                 )
-        own_sample = {(id(node), s.agent): s for node, s in zip([n for n in nodes for a in self.agents if n.acts(a)], samples)}
+        own_sample = {(id(node), s.agent): s for node, s in zip([n for n in nodes for a in self.agent_ids if n.acts(a)], samples)}
         logged: dict[tuple[int, str], list[float] | None] = {}
 
         def child_returns(child: RolloutNode | None, agent: str) -> list[float] | None:
@@ -471,7 +482,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
             return logged[key]
 
         for n in reversed(range(len(nodes))):  # children before their parents
-            for agent in self.agents:
+            for agent in self.agent_ids:
                 sample = own_sample.get((id(nodes[n]), agent))
                 if sample is None:
                     continue
@@ -486,7 +497,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
 
     def _critic_observation(self, node: RolloutNode, agent: str | None) -> Any:
         if agent is None:
-            return joint_observation(node.observations, self.agents)
+            return joint_observation(node.observations, self.agent_ids)
         return node.observations[agent]
 
     def _critic_actions(self, node: RolloutNode, agent: str | None) -> list[Any]:
@@ -497,7 +508,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
             acting = node.agents
             return [
                 joint_observation(
-                    node.observations, self.agents, [node.completions[a][combo[acting.index(a)]].text if a in acting else "" for a in self.agents]
+                    node.observations, self.agent_ids, [node.completions[a][combo[acting.index(a)]].text if a in acting else "" for a in self.agent_ids]
                 )
                 for combo in node.joint
             ]
@@ -515,10 +526,10 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
         return values
 
     def _answer_kl(self, nodes: list[RolloutNode]) -> dict[str, list[list[float]]]:
-        kl: dict[str, list[list[float]]] = {agent: [[] for _ in nodes] for agent in self.agents}
+        kl: dict[str, list[list[float]]] = {agent: [[] for _ in nodes] for agent in self.agent_ids}
         if self.reference_policies is None:
             return kl
-        for agent in self.agents:
+        for agent in self.agent_ids:
             observations = [node.observations[agent] for node in nodes for _ in node.completions.get(agent, ())]
             completions = [c for node in nodes for c in node.completions.get(agent, ())]
             if not completions:
@@ -535,7 +546,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
         if self.metrics_callback is None:
             return
         try:
-            result = self.metrics_callback(rollout_samples(samples, self.agents) if self._callback_takes_rollouts else samples)
+            result = self.metrics_callback(rollout_samples(samples, self.agent_ids) if self._callback_takes_rollouts else samples)
         except Exception as exc:
             raise RuntimeError(f"metrics_callback raised {type(exc).__name__}: {exc} (batch {self.state.batch_step})") from exc
         for key, value in dict(result or {}).items():
@@ -591,7 +602,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
 
     def _update(self, full_only: bool = False) -> None:
         if self.dist.enabled:
-            for critic in self.critics.values():
+            for critic in self.critic_by_agent.values():
                 if hasattr(critic, "pending_observations"):
                     critic.add_observations(self.dist.union(critic.pending_observations()))
         super()._update(full_only)
@@ -635,7 +646,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
         """c_v × Σ over ``batch`` of each sample's mean value error over its answers (V, plus Q
         for a q critic), read at ``agent``'s output of its critic."""
         name, out = self.critic_of(agent)
-        critic, args = self.critics[name], self.args
+        critic, args = self.critic_by_agent[name], self.args
         sizes = [len(s.completions) for s in batch]
         v = critic.values([s.critic_observation for s in batch])[:, out]
         v = v.repeat_interleave(torch.tensor(sizes, device=v.device))

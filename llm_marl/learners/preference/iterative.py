@@ -259,17 +259,17 @@ class MADPOIterTrainer(MADPOTrainer):
         if self.rounds.cut is not None:
             round_, chosen, done = self.rounds.cut["round"], self.rounds.cut["chosen"], self.rounds.cut["done"]
         else:
-            if not any(self.buffers[a].samples for a in self.agents):
+            if not any(self.buffers[a].samples for a in self.agent_ids):
                 return
-            current = _split_pairs({a: list(self.buffers[a].samples) for a in self.agents}, self.agents)
-            for agent in self.agents:
+            current = _split_pairs({a: list(self.buffers[a].samples) for a in self.agent_ids}, self.agent_ids)
+            for agent in self.agent_ids:
                 self.buffers[agent] = RolloutBuffer()
             round_, done = self.state.epoch, 0
             chosen = _choose(args, self.rounds, current, round_)
             self._note("iter/round", float(round_))
             self._note("iter/current_preference_pairs", float(len(current)))
             self._note("iter/train_preference_pairs", float(len(chosen)))
-        trained = [a for a in self.agents if a in self.optimizers]
+        trained = [a for a in self.agent_ids if a in self.optimizer_by_agent]
         size = args.resolved_train_batch_size
         plan = []
         for epoch in range(args.num_train_epochs):

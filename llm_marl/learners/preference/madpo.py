@@ -202,15 +202,15 @@ class MADPOTrainer(MAGRPOTrainer):
                 [(node.joint[w][node.agents.index(agent)], node.joint[l][node.agents.index(agent)]) for w, l in node_pairs] if node.acts(agent) else []
                 for node, node_pairs in zip(nodes, pairs)
             ]
-            for agent in self.agents
+            for agent in self.agent_ids
         }
-        reference = {a: [[] for _ in nodes] for a in self.agents}
+        reference = {a: [[] for _ in nodes] for a in self.agent_ids}
         if self.dpo_references is not None:
-            for agent in self.agents:
+            for agent in self.agent_ids:
                 reference[agent] = _pair_log_probs(self.dpo_references[agent], nodes, agent, answer_pairs[agent], self.args.logprob_reduction)
         fixed = [[0.0] * len(node_pairs) for node_pairs in pairs]
-        for agent in self.agents:
-            if agent in self.optimizers:
+        for agent in self.agent_ids:
+            if agent in self.optimizer_by_agent:
                 continue
             with torch.no_grad():
                 own = _pair_log_probs(self.policies[agent], nodes, agent, answer_pairs[agent], self.args.logprob_reduction)
@@ -221,7 +221,7 @@ class MADPOTrainer(MAGRPOTrainer):
         samples: list[Sample] = []
         for n, node in enumerate(nodes):
             rewards = [(float(node.rewards[w]), float(node.rewards[l])) for w, l in pairs[n]]
-            for agent in self.agents:
+            for agent in self.agent_ids:
                 # An agent that does not act here keeps a placeholder (no answers, margin 0, no
                 # log-prob or gradient) so that every agent's samples hold the same pairs.
                 k = len(node.completions.get(agent, ()))
@@ -273,7 +273,7 @@ class MADPOTrainer(MAGRPOTrainer):
         count = len(_flat_pairs(next(iter(with_samples.values())))) if with_samples else 0
         total = self.dist.sum(count)
         for agent in agents:
-            self.optimizers[agent].zero_grad(set_to_none=True)
+            self.optimizer_by_agent[agent].zero_grad(set_to_none=True)
         local = torch.zeros((), dtype=torch.float64)
         means: dict[str, float | None] = {a: None for a in agents}
         if count:

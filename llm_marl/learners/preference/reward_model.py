@@ -393,7 +393,7 @@ class MARLHFTrainer(MAGRPOTrainer):
             tokenizer = AutoTokenizer.from_pretrained(args.reward_model_name)
             return JointRewardModel(backbone.float(), args.reward_freeze_backbone, tokenizer=tokenizer, max_length=args.reward_max_length,
                                     seed=seed, truncation_side=self.reward_truncation_side)
-        first = self.policies[self.agents[0]]
+        first = self.policies[self.agent_ids[0]]
         model, tokenizer = getattr(first, "model", None), getattr(first, "tokenizer", None)
         if model is not None and tokenizer is not None:
             backbone = copy.deepcopy(model)
@@ -466,15 +466,15 @@ class MARLHFTrainer(MAGRPOTrainer):
         actor reads it (chat template and system prompt included: the same token ids where the
         reward model shares the agent's tokenizer) and whose answers are the generated tokens."""
         acting = node.agents  # an agent that does not act at this node (turn-based envs) answers ""
-        completions = [node.completions[a][node.joint[j][acting.index(a)]] if a in acting else Completion("") for a in self.agents]
+        completions = [node.completions[a][node.joint[j][acting.index(a)]] if a in acting else Completion("") for a in self.agent_ids]
         if not getattr(self.reward_model, "is_language_model", False):
-            return joint_answer_text(node.observations, self.agents, [c.text for c in completions])
+            return joint_answer_text(node.observations, self.agent_ids, [c.text for c in completions])
         pieces: list[tuple[str, str, Any]] = []
-        for k, agent in enumerate(self.agents):
+        for k, agent in enumerate(self.agent_ids):
             text, ids = self._agent_prompt(agent, node.observations[agent])
             pieces += [("frame", ("\n\n" if k else "") + f"[Agent {k}] ", None), ("prompt", text, ids)]
         pieces.append(("frame", "\n\n[Joint Action]\n\n", None))
-        for k, (agent, completion) in enumerate(zip(self.agents, completions)):
+        for k, (agent, completion) in enumerate(zip(self.agent_ids, completions)):
             same = self._shares_tokenizer(agent) and completion.token_ids is not None
             pieces += [("frame", ("\n\n" if k else "") + f"[Agent {k} action]\n", None), ("answer", completion.text, completion.token_ids if same else None)]
         return JointText(pieces)

@@ -91,7 +91,36 @@ class _UnfinishedBatch:
     """The batch's samples not yet in the buffers."""
 
 
-class MAGRPOTrainer(JointUpdate):
+class AgentsByName:
+    """llm_marl's trainer API for the agents: ``agents`` (their names), ``optimizers`` (a dict by
+    name). The trainers read ``agent_ids`` and ``optimizer_by_agent``, so that the trainers of
+    :mod:`llm_marl.comlrl` can answer CoMLRL's lists under these names instead."""
+
+    agent_ids: list[str]
+    optimizer_by_agent: dict[str, torch.optim.Optimizer]
+
+    @property
+    def agents(self) -> list[str]:
+        """The agents' names, in the env's order (the trainer reads ``agent_ids``; the trainers of
+        :mod:`llm_marl.comlrl` answer CoMLRL's list of models here instead)."""
+        return self.agent_ids
+
+    @agents.setter
+    def agents(self, names: Sequence[str]) -> None:
+        self.agent_ids = list(names)
+
+    @property
+    def optimizers(self) -> dict[str, torch.optim.Optimizer]:
+        """Agent name -> its optimizer (``optimizer_by_agent``; a list by agent position in
+        :mod:`llm_marl.comlrl`)."""
+        return self.optimizer_by_agent
+
+    @optimizers.setter
+    def optimizers(self, optimizers: dict[str, torch.optim.Optimizer]) -> None:
+        self.optimizer_by_agent = optimizers
+
+
+class MAGRPOTrainer(AgentsByName, JointUpdate):
     """Multi-agent GRPO: baseline = mean of the group's K returns (see the module docstring)."""
 
     config_class = MAGRPOConfig
@@ -144,43 +173,43 @@ class MAGRPOTrainer(JointUpdate):
         else:
             self.eval_env, self.no_eval_reason = _eval_split(self.env)
         self._warned: set[str] = set()
-        self.agents = list(self.env.possible_agents)
-        if self.args.num_agents != len(self.agents):
+        self.agent_ids = list(self.env.possible_agents)
+        if self.args.num_agents != len(self.agent_ids):
             raise ValueError(
-                f"num_agents is {self.args.num_agents} but the env has {len(self.agents)} agents {self.agents}"
+                f"num_agents is {self.args.num_agents} but the env has {len(self.agent_ids)} agents {self.agent_ids}"
             )
         check_horizon(self.env, self.args.num_turns, "env")
         if self.eval_env is not None:
             check_horizon(self.eval_env, self.args.num_turns, "eval_env")
-        self.policies = _by_agent(policies, self.agents, "policies")
+        self.policies = _by_agent(policies, self.agent_ids, "policies")
         check_policies(self.policies)
         if self.args.agent_devices is not None:
-            for agent, device in zip(self.agents, self.args.agent_devices):
+            for agent, device in zip(self.agent_ids, self.args.agent_devices):
                 if hasattr(self.policies[agent], "to"):
                     self.policies[agent] = self.policies[agent].to(device) or self.policies[agent]
         self.dist = DistributedContext.from_environment()
         wanted = self.args.reference_kl_enabled or (self.args.fsdp and getattr(self.args, "dpo_reference", False))
         self.reference_policies = self._make_references() if wanted else None  # fsdp: copies made before sharding
         self.sharded: dict[str, Any] = shard_agents(self, optimizers) if self.args.fsdp else {}  # agent -> ShardedModel
-        self.trainable = {a: [p for p in self.policies[a].parameters() if p.requires_grad] for a in self.agents}
+        self.trainable = {a: [p for p in self.policies[a].parameters() if p.requires_grad] for a in self.agent_ids}
         if optimizers is None:
-            self.optimizers = {
+            self.optimizer_by_agent = {
                 a: default_optimizer(params, lr=self.args.agent_learning_rate, weight_decay=self.args.weight_decay)
                 for a, params in self.trainable.items()
                 if params
             }
         else:
-            self.optimizers = _by_agent(optimizers, self.agents, "optimizers")
+            self.optimizer_by_agent = _by_agent(optimizers, self.agent_ids, "optimizers")
         self.eval_logger = eval_logger
         self.eval_aggregator = eval_aggregator
-        self.buffers = {a: RolloutBuffer() for a in self.agents}
+        self.buffers = {a: RolloutBuffer() for a in self.agent_ids}
         self._unfinished: _UnfinishedBatch | None = None
         self.state = TrainerState()
         self.wandb = None
         if self.dist.is_main and (wandb_config is not None or wants_wandb(self.args.report_to)):
             self.wandb = open_wandb(wandb_config, {**self.args.to_dict(), **run_config}, self.args.output_dir)
         self.logger = RunLogger(None, mirrors=self._mirrors())
-        self.recorder = RolloutRecorder.from_args(self.args, self.agents, enabled=self.dist.is_main)
+        self.recorder = RolloutRecorder.from_args(self.args, self.agent_ids, enabled=self.dist.is_main)
         self._pending: dict[str, list[float]] = {}
         self.run_id: str | None = None
         self.launch_identity: dict[str, Any] = {}  # launch settings a resume must repeat (the CLI's env id, model, menu)
@@ -209,7 +238,7 @@ class MAGRPOTrainer(JointUpdate):
         if path is not None:
             checkpoint.load(self, path)  # a batch max_steps cut was recorded and evaluated: it is finished, not redone
             self.recorder.purge(self.state.batch_step + (self._unfinished is not None))
-        for agent in self.agents:
+        for agent in self.agent_ids:
             self.dist.broadcast_parameters(self.trainable[agent])
         self.logger = RunLogger(
             args.output_dir if self.dist.is_main else None,
@@ -285,7 +314,7 @@ class MAGRPOTrainer(JointUpdate):
         ``final/player_1``; the drop-in constructor's ``agent_i``, as CoMLRL) with ``save_pretrained``
         where the policy has it, else ``policy.pt``. With ``fsdp=True`` every rank calls it; rank 0
         writes each agent's consolidated weights as one Hugging Face folder."""
-        for agent, folder in zip(self.agents, agent_folders(self.agents)):
+        for agent, folder in zip(self.agent_ids, agent_folders(self.agent_ids)):
             target = os.path.join(output_dir, folder)
             os.makedirs(target, exist_ok=True)
             policy = self.policies[agent]
@@ -326,7 +355,7 @@ class MAGRPOTrainer(JointUpdate):
         try:
             roots = collect_trees(self.env, self.policies, indices, args, seed=self._rollout_seed()) if indices else []
         except (TaskError, ValueError) as exc:
-            self._in_training(exc, f"a reward shared by agents {self.agents}")
+            self._in_training(exc, f"a reward shared by agents {self.agent_ids}")
             raise
         elapsed = time.perf_counter() - started
         failed = [root for root in roots if root.error is not None]
@@ -348,7 +377,7 @@ class MAGRPOTrainer(JointUpdate):
     ) -> None:
         """Append ``rest`` node by node, updating whenever a buffer is full, then log the batch."""
         args = self.args
-        groups = node_groups(rest, self.agents)  # one per node: its acting agents' samples
+        groups = node_groups(rest, self.agent_ids)  # one per node: its acting agents' samples
         for g, group in enumerate(groups):
             for sample in group:
                 self.buffers[sample.agent].append(sample)
@@ -378,7 +407,7 @@ class MAGRPOTrainer(JointUpdate):
         args = self.args
         return samples_from_trees(
             roots,
-            self.agents,
+            self.agent_ids,
             advantage_mode=args.advantage_mode,
             normalize=args.advantage_normalization,
             kl_penalty=self._kl_penalty if self.reference_policies is not None else None,
@@ -403,7 +432,7 @@ class MAGRPOTrainer(JointUpdate):
     # --- reference KL -------------------------------------------------------------------------
 
     def _make_references(self) -> dict[str, Policy]:
-        return frozen_references(self.policies, self.agents, self.args.reference_devices)
+        return frozen_references(self.policies, self.agent_ids, self.args.reference_devices)
 
     def _kl_penalty(self, agent: str, observations: Sequence[Any], completions: Sequence[Completion]) -> list[float]:
         with torch.no_grad():

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from llm_marl.learners.actor_critic import trainer as _actor_critic
 from llm_marl.learners.actor_critic import config as _config
 from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
+from llm_marl.comlrl.trainer_surface import CoMLRLActorCriticSurface
 
 
 @dataclass
@@ -24,7 +25,7 @@ class MAACConfig(_config.MAACConfig):
         super().__post_init__()
 
 
-class MAACTrainer(CoMLRLTrain, _actor_critic.MAACTrainer):
+class MAACTrainer(CoMLRLActorCriticSurface, CoMLRLTrain, _actor_critic.MAACTrainer):
     """:class:`llm_marl.learners.actor_critic.trainer.MAACTrainer` with CoMLRL's ``train()`` signature."""
 
     config_class = MAACConfig

@@ -11,6 +11,7 @@ from llm_marl.comlrl.trainers.preference.centralized import centralized_keywords
 from llm_marl.comlrl.trainers.preference.marlhf import CoMLRLJointText, RLPhaseKeywords
 from llm_marl.learners.preference import iterative as _iter
 from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
+from llm_marl.comlrl.trainer_surface import CoMLRLSurface
 
 
 @dataclass
@@ -41,7 +42,7 @@ class MARLHFIterConfig(_iter.MARLHFIterConfig):
         super().__post_init__()
 
 
-class MADPOIterTrainer(CoMLRLTrain, _iter.MADPOIterTrainer):
+class MADPOIterTrainer(CoMLRLSurface, CoMLRLTrain, _iter.MADPOIterTrainer):
     """:class:`llm_marl.learners.preference.iterative.MADPOIterTrainer` with CoMLRL's keywords and ``train()``."""
 
     config_class = MADPOIterConfig
@@ -53,7 +54,7 @@ class MADPOIterTrainer(CoMLRLTrain, _iter.MADPOIterTrainer):
         super().__init__(*args, **kwargs)
 
 
-class MARLHFIterTrainer(CoMLRLJointText, RLPhaseKeywords, CoMLRLTrain, _iter.MARLHFIterTrainer):
+class MARLHFIterTrainer(CoMLRLSurface, CoMLRLJointText, RLPhaseKeywords, CoMLRLTrain, _iter.MARLHFIterTrainer):
     """:class:`llm_marl.learners.preference.iterative.MARLHFIterTrainer` with CoMLRL's keywords,
     ``train()`` and reward-model text
     (:class:`~llm_marl.comlrl.trainers.preference.marlhf.CoMLRLJointText`); ``metrics_callback``,

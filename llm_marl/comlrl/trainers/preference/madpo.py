@@ -15,6 +15,7 @@ from typing import Any
 from llm_marl.comlrl.trainers.preference.centralized import centralized_keywords, check_adapter
 from llm_marl.learners.preference import madpo as _preference
 from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
+from llm_marl.comlrl.trainer_surface import CoMLRLSurface
 
 
 @dataclass
@@ -58,7 +59,7 @@ class MADPOConfig(_preference.MADPOConfig):
         super().__post_init__()
 
 
-class MADPOTrainer(CoMLRLTrain, _preference.MADPOTrainer):
+class MADPOTrainer(CoMLRLSurface, CoMLRLTrain, _preference.MADPOTrainer):
     """:class:`llm_marl.learners.preference.madpo.MADPOTrainer` with CoMLRL's keywords and ``train()``."""
 
     config_class = MADPOConfig

@@ -9,6 +9,7 @@ from typing import Any
 from llm_marl.comlrl.trainers.preference.centralized import centralized_keywords, check_adapter
 from llm_marl.learners.preference import reward_model as _reward_model
 from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
+from llm_marl.comlrl.trainer_surface import CoMLRLSurface
 from llm_marl.learners.preference.reward_model import JointRewardModel
 
 
@@ -61,11 +62,11 @@ class CoMLRLJointText:
 
     def _joint_text(self, node: Any, j: int) -> str:
         acting = node.agents  # "" for an agent that does not act at this node (turn-based envs)
-        answers = [node.completions[a][node.joint[j][acting.index(a)]].text if a in acting else "" for a in self.agents]
-        return _reward_model.comlrl_joint_text([str(node.observations[a]) for a in self.agents], answers)
+        answers = [node.completions[a][node.joint[j][acting.index(a)]].text if a in acting else "" for a in self.agent_ids]
+        return _reward_model.comlrl_joint_text([str(node.observations[a]) for a in self.agent_ids], answers)
 
 
-class MARLHFTrainer(CoMLRLJointText, RLPhaseKeywords, CoMLRLTrain, _reward_model.MARLHFTrainer):
+class MARLHFTrainer(CoMLRLSurface, CoMLRLJointText, RLPhaseKeywords, CoMLRLTrain, _reward_model.MARLHFTrainer):
     """:class:`llm_marl.learners.preference.reward_model.MARLHFTrainer` with CoMLRL's keywords,
     ``train()`` (:class:`RLPhaseKeywords`) and reward-model text (:class:`CoMLRLJointText`)."""
 

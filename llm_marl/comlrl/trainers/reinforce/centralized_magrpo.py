@@ -21,6 +21,7 @@ from typing import Any
 from llm_marl.envs.dialogue import DialogueEnv
 from llm_marl.learners.reinforce import centralized as _centralized
 from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, anchor_policies, normalize_comlrl_fields
+from llm_marl.comlrl.trainer_surface import CoMLRLSurface
 from llm_marl.runs.run_dir import default_run_dir
 from llm_marl.tasks.function_task import FunctionTask
 
@@ -37,7 +38,7 @@ class CentralizedMAGRPOConfig(_centralized.CentralizedMAGRPOConfig):
         super().__post_init__()
 
 
-class CentralizedMAGRPOTrainer(CoMLRLTrain, _centralized.CentralizedMAGRPOTrainer):
+class CentralizedMAGRPOTrainer(CoMLRLSurface, CoMLRLTrain, _centralized.CentralizedMAGRPOTrainer):
     """Centralized MAGRPO with CoMLRL's keywords and ``train()`` (see the module docstring)."""
 
     config_class = CentralizedMAGRPOConfig

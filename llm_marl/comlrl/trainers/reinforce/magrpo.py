@@ -8,6 +8,7 @@ from typing import Any
 from llm_marl.learners.reinforce import config as _config
 from llm_marl.learners.reinforce import trainer as _reinforce
 from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
+from llm_marl.comlrl.trainer_surface import CoMLRLSurface
 
 
 @dataclass
@@ -22,7 +23,7 @@ class MAGRPOConfig(_config.MAGRPOConfig):
         super().__post_init__()
 
 
-class MAGRPOTrainer(CoMLRLTrain, _reinforce.MAGRPOTrainer):
+class MAGRPOTrainer(CoMLRLSurface, CoMLRLTrain, _reinforce.MAGRPOTrainer):
     """:class:`llm_marl.learners.reinforce.trainer.MAGRPOTrainer` with CoMLRL's ``train()`` signature."""
 
     config_class = MAGRPOConfig

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from llm_marl.learners.reinforce import config as _config
 from llm_marl.learners.reinforce import trainer as _reinforce
 from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
+from llm_marl.comlrl.trainer_surface import CoMLRLSurface
 
 
 @dataclass
@@ -21,7 +22,7 @@ class MAREINFORCEConfig(_config.MAREINFORCEConfig):
         super().__post_init__()
 
 
-class MAREINFORCETrainer(CoMLRLTrain, _reinforce.MAREINFORCETrainer):
+class MAREINFORCETrainer(CoMLRLSurface, CoMLRLTrain, _reinforce.MAREINFORCETrainer):
     """:class:`llm_marl.learners.reinforce.trainer.MAREINFORCETrainer` with CoMLRL's ``train()`` signature."""
 
     config_class = MAREINFORCEConfig

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from llm_marl.learners.reinforce import config as _config
 from llm_marl.learners.reinforce import trainer as _reinforce
 from llm_marl.comlrl.anchor_compat import ADAMW_DEFAULT_WEIGHT_DECAY, CoMLRLTrain, normalize_comlrl_fields
+from llm_marl.comlrl.trainer_surface import CoMLRLSurface
 
 
 @dataclass
@@ -21,7 +22,7 @@ class MARLOOConfig(_config.MARLOOConfig):
         super().__post_init__()
 
 
-class MARLOOTrainer(CoMLRLTrain, _reinforce.MARLOOTrainer):
+class MARLOOTrainer(CoMLRLSurface, CoMLRLTrain, _reinforce.MARLOOTrainer):
     """:class:`llm_marl.learners.reinforce.trainer.MARLOOTrainer` with CoMLRL's ``train()`` signature."""
 
     config_class = MARLOOConfig
