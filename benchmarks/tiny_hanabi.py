@@ -84,9 +84,24 @@ def settings(learner: str, args: argparse.Namespace, seed: int) -> dict:
     )
     if learner == "MAGRPO":
         common.update(num_generations=args.k)
+        for option in getattr(args, "magrpo_option", None) or []:
+            name, _, value = option.partition("=")
+            common[name] = _value(value)
     elif learner == "IAC":
         common.update(num_generations=1, critic_learning_rate=args.lr, value_clip_range=None)
     return common
+
+
+def _value(text: str):
+    """A --magrpo-option value: a bool, an int, a float or a string."""
+    if text in ("true", "false"):
+        return text == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def policy_tables(policies: dict, n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
@@ -166,6 +181,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--items-per-step", type=int, default=8, help="trees per optimizer step")
     parser.add_argument("--k", type=int, default=4, help="MAGRPO's answers per node")
     parser.add_argument("--lr", type=float, default=0.1, help="learning rate of every policy (and IAC's critics)")
+    parser.add_argument("--magrpo-option", action="append", metavar="FIELD=VALUE",
+                        help="a MAGRPOConfig field for the MAGRPO row (repeatable), e.g. tree_return_aggregation=max")
     parser.add_argument("--diagnose", action="store_true",
                         help="for each seed below 99%% of the optimum, print the information set where one player "
                              "changing alone gains most, and the probability it now gives the better action")
