@@ -1,7 +1,8 @@
 """The Tiny Hanabi suite (games A-F) against the published optima, with tabular policies.
 
 Rows: MAGRPO (K answers per node: the player to move branches K ways, so player 0's answers are
-scored against K continuations of player 1), IAC (independent actor-critic, tabular critics,
+scored against K continuations of player 1), MAGRPO with the options against collapse that
+``examples/configs/tiny_hanabi.yaml`` sets (optimistic credit: docs/algorithms.md §3.9), IAC (independent actor-critic, tabular critics,
 one answer per node) and independent REINFORCE without branching (K = 1, no baseline: the
 classic independent learner). Columns: the six games. Each cell: the mean ± standard deviation
 over seeds of the final policies' EXACT expected return (every deal and every action enumerated
@@ -62,8 +63,23 @@ class IndependentREINFORCETrainer(MAREINFORCETrainer):
     config_class = IndependentREINFORCEConfig
 
 
+SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "configs", "tiny_hanabi.yaml")
+"""The shipped setting (docs/games.md): its row is MAGRPO with this file's options against collapse."""
+OPTIONS = ("tree_return_aggregation", "tree_return_temperature", "dynamic_sampling", "dynamic_sampling_budget", "entropy_coef")
+
+
+def shipped_options() -> dict:
+    """The options against collapse (docs/algorithms.md §3.9) that examples/configs/tiny_hanabi.yaml sets."""
+    import yaml
+
+    with open(SHIPPED) as f:
+        loaded = yaml.safe_load(f)
+    return {k: v for k, v in loaded.items() if k in OPTIONS}
+
+
 LEARNERS = {
     "MAGRPO": (MAGRPOTrainer, MAGRPOConfig),
+    "MAGRPO, tiny_hanabi.yaml": (MAGRPOTrainer, MAGRPOConfig),
     "IAC": (IACTrainer, IACConfig),
     "REINFORCE K=1": (IndependentREINFORCETrainer, IndependentREINFORCEConfig),
 }
@@ -82,6 +98,8 @@ def settings(learner: str, args: argparse.Namespace, seed: int) -> dict:
         logging_steps=10**9,
         seed=seed,
     )
+    if learner == "MAGRPO, tiny_hanabi.yaml":
+        common.update(num_generations=args.k, **shipped_options())
     if learner == "MAGRPO":
         common.update(num_generations=args.k)
         for option in getattr(args, "magrpo_option", None) or []:
