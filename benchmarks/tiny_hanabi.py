@@ -1,7 +1,8 @@
 """The Tiny Hanabi suite (games A-F) against the published optima, with tabular policies.
 
 Rows: MAGRPO (K answers per node: the player to move branches K ways, so player 0's answers are
-scored against K continuations of player 1), IAC (independent actor-critic, tabular critics,
+scored against K continuations of player 1), MAGRPO with the options against collapse that
+``examples/configs/tiny_hanabi.yaml`` sets (optimistic credit: docs/algorithms.md §3.9), IAC (independent actor-critic, tabular critics,
 one answer per node) and independent REINFORCE without branching (K = 1, no baseline: the
 classic independent learner). Columns: the six games. Each cell: the mean ± standard deviation
 over seeds of the final policies' EXACT expected return (every deal and every action enumerated
@@ -62,8 +63,23 @@ class IndependentREINFORCETrainer(MAREINFORCETrainer):
     config_class = IndependentREINFORCEConfig
 
 
+SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "configs", "tiny_hanabi.yaml")
+"""The shipped setting (docs/games.md): its row is MAGRPO with this file's options against collapse."""
+OPTIONS = ("tree_return_aggregation", "tree_return_temperature", "dynamic_sampling", "dynamic_sampling_budget", "entropy_coef")
+
+
+def shipped_options() -> dict:
+    """The options against collapse (docs/algorithms.md §3.9) that examples/configs/tiny_hanabi.yaml sets."""
+    import yaml
+
+    with open(SHIPPED) as f:
+        loaded = yaml.safe_load(f)
+    return {k: v for k, v in loaded.items() if k in OPTIONS}
+
+
 LEARNERS = {
     "MAGRPO": (MAGRPOTrainer, MAGRPOConfig),
+    "MAGRPO, tiny_hanabi.yaml": (MAGRPOTrainer, MAGRPOConfig),
     "IAC": (IACTrainer, IACConfig),
     "REINFORCE K=1": (IndependentREINFORCETrainer, IndependentREINFORCEConfig),
 }
@@ -82,11 +98,28 @@ def settings(learner: str, args: argparse.Namespace, seed: int) -> dict:
         logging_steps=10**9,
         seed=seed,
     )
+    if learner == "MAGRPO, tiny_hanabi.yaml":
+        common.update(num_generations=args.k, **shipped_options())
     if learner == "MAGRPO":
         common.update(num_generations=args.k)
+        for option in getattr(args, "magrpo_option", None) or []:
+            name, _, value = option.partition("=")
+            common[name] = _value(value)
     elif learner == "IAC":
         common.update(num_generations=1, critic_learning_rate=args.lr, value_clip_range=None)
     return common
+
+
+def _value(text: str):
+    """A --magrpo-option value: a bool, an int, a float or a string."""
+    if text in ("true", "false"):
+        return text == "true"
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
 
 
 def policy_tables(policies: dict, n: int, m: int) -> tuple[np.ndarray, np.ndarray]:
@@ -166,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--items-per-step", type=int, default=8, help="trees per optimizer step")
     parser.add_argument("--k", type=int, default=4, help="MAGRPO's answers per node")
     parser.add_argument("--lr", type=float, default=0.1, help="learning rate of every policy (and IAC's critics)")
+    parser.add_argument("--magrpo-option", action="append", metavar="FIELD=VALUE",
+                        help="a MAGRPOConfig field for the MAGRPO row (repeatable), e.g. tree_return_aggregation=max")
     parser.add_argument("--diagnose", action="store_true",
                         help="for each seed below 99%% of the optimum, print the information set where one player "
                              "changing alone gains most, and the probability it now gives the better action")

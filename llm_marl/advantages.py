@@ -6,6 +6,7 @@ so each can be checked against numbers computed by hand.
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import torch
@@ -80,11 +81,30 @@ def group_advantages(
     return advantages if isinstance(returns, torch.Tensor) else advantages.tolist()
 
 
-def discounted_return(reward: float, child_returns: Sequence[float] | None, discount: float) -> float:
-    """G = r at a leaf; G = r + gamma * mean(child returns) at an inner node (docs/algorithms.md §3.6)."""
+def aggregate_children(child_returns: Sequence[float], how: str = "mean", temperature: float = 1.0) -> float:
+    """What an inner node's branch takes from its children's returns (docs/algorithms.md §3.9):
+    their ``"mean"``; their ``"max"`` (optimistic credit: the best continuation the partners
+    found); or ``"softmax"``, the soft maximum ``t * log(mean(exp(G / t)))`` with temperature
+    ``t`` (between the mean, t -> inf, and the max, t -> 0)."""
+    values = [float(v) for v in child_returns]
+    if how == "mean":
+        return sum(values) / len(values)
+    if how == "max":
+        return max(values)
+    if how == "softmax":
+        top = max(values)
+        return top + temperature * math.log(sum(math.exp((v - top) / temperature) for v in values) / len(values))
+    raise ValueError(f"tree_return_aggregation must be one of 'mean', 'max', 'softmax'; got {how!r}")
+
+
+def discounted_return(
+    reward: float, child_returns: Sequence[float] | None, discount: float, how: str = "mean", temperature: float = 1.0
+) -> float:
+    """G = r at a leaf; G = r + gamma * agg(child returns) at an inner node (docs/algorithms.md §3.6),
+    agg the mean unless ``how`` says otherwise (:func:`aggregate_children`)."""
     if not child_returns:
         return float(reward)
-    return float(reward) + discount * sum(child_returns) / len(child_returns)
+    return float(reward) + discount * aggregate_children(child_returns, how, temperature)
 
 
 def should_stop(rewards: Sequence[float], threshold: float | None) -> bool:
@@ -135,6 +155,19 @@ def sample_losses(log_probs: torch.Tensor, advantages: torch.Tensor, sizes: Sequ
     """
     weighted = -(advantages.detach().to(log_probs.dtype) * log_probs)
     return torch.stack([chunk.mean() for chunk in weighted.split(list(sizes))])
+
+
+def answer_entropies(entropy: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-answer mean entropy per token from ``[answers, tokens]`` token entropies and their
+    mask (an answer without tokens: 0)."""
+    mask = mask.to(entropy.dtype)
+    return (entropy * mask).sum(dim=-1) / mask.sum(dim=-1).clamp(min=1)
+
+
+def zero_advantage(advantages: Sequence[float]) -> bool:
+    """Whether a group carries no signal: every one of its advantages is exactly 0 (a group
+    baseline over K equal returns)."""
+    return all(a == 0 for a in advantages)
 
 
 def policy_gradient_loss(log_probs: torch.Tensor, advantages: torch.Tensor) -> torch.Tensor:

@@ -458,11 +458,15 @@ def limit_items(env: Any, count: int, env_id: str) -> Any:
 
 def tabular_policies(env: Any, actions: Any, env_id: str) -> list[Any]:
     """One :class:`~llm_marl.policies.tabular.TabularPolicy` per agent over ``actions`` (``a,b,c``
-    or a list), else over the task's ``menu``."""
+    or a list), else over the task's ``menu``, else over an OpenSpiel game's moves (its action
+    ids ``0 .. num_distinct_actions - 1``, which the env reads as those moves)."""
     from llm_marl.policies.tabular import TabularPolicy
 
     if actions is None:
         menu = getattr(getattr(env, "task", None), "menu", None)
+        game = getattr(env, "game", None)
+        if not menu and hasattr(game, "num_distinct_actions"):
+            menu = [str(a) for a in range(game.num_distinct_actions())]
         if not menu:
             raise AssemblyError(f"--policy tabular needs --actions a,b,c: env {env_id}'s task has no menu attribute")
         given = list(menu)

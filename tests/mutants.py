@@ -125,9 +125,23 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "inner return sums the children's returns instead of averaging them",
         "llm_marl/advantages.py",
-        "discount * sum(child_returns) / len(child_returns)",
-        "discount * sum(child_returns)",
+        "return sum(values) / len(values)",
+        "return sum(values)",
         ("tests/test_tree.py",),
+    ),
+    Mutant(
+        "optimistic credit takes the children's mean instead of their max",
+        "llm_marl/advantages.py",
+        "        return max(values)\n    if how == \"softmax\"",
+        "        return sum(values) / len(values)\n    if how == \"softmax\"",
+        ("tests/test_stalls.py",),
+    ),
+    Mutant(
+        "groups whose advantages are all zero are not replaced by dynamic sampling",
+        "llm_marl/learners/reinforce/trainer.py",
+        "if s.completions and s.advantages and zero_advantage(s.advantages)]",
+        "if s.completions and s.advantages and zero_advantage(s.advantages) and False]",
+        ("tests/test_stalls.py",),
     ),
     Mutant(
         "every agent's answers are credited by agent 0's position",
@@ -146,8 +160,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "discount ignored (returns always undiscounted)",
         "llm_marl/learners/tree.py",
-        "            _compute_returns(root, discount)",
-        "            _compute_returns(root, 1.0)",
+        "            _compute_returns(root, discount, tree_return_aggregation, tree_return_temperature)",
+        "            _compute_returns(root, 1.0, tree_return_aggregation, tree_return_temperature)",
         ("tests/test_tree.py",),
     ),
     Mutant(
@@ -224,8 +238,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "tabular log-probs over the wrong axis",
         "llm_marl/policies/tabular.py",
-        "values = torch.log_softmax(self.logits[rows], dim=-1).gather(1, picks[:, None]).squeeze(1)",
-        "values = torch.log_softmax(self.logits[rows], dim=0).gather(1, picks[:, None]).squeeze(1)",
+        "table = torch.log_softmax(self.logits[rows], dim=-1)",
+        "table = torch.log_softmax(self.logits[rows], dim=0)",
         ("tests/test_learners.py", "tests/test_learning.py::test_coordination_game_optimum"),
     ),
     Mutant(

@@ -519,3 +519,26 @@ def test_lm_head_gets_its_sliced_input_as_a_fresh_tensor(model_dir, setup):
     assert tuple(shape) == (len(PROMPTS), 1, head.in_features)
     assert stride == (head.in_features, head.in_features, 1)  # not the slice's (width * in_features, ...)
     torch.testing.assert_close(last, full.logits[:, -1])
+
+
+def test_scoring_records_each_answer_tokens_entropy_from_its_own_logits(model_dir):
+    """``last_token_entropy`` after scoring: at each answer token, the entropy of the tempered
+    next-token distribution, by hand from one unpadded forward per answer (issue 44)."""
+    policy = make(model_dir, max_new_tokens=5)
+    torch.manual_seed(1)
+    completions = flat(policy.sample(PROMPTS[:2], 2))
+    observations = [p for p in PROMPTS[:2] for _ in range(2)]
+    policy.token_log_probs(observations, completions)
+    entropy, mask = policy.last_token_entropy
+    temperature = policy.effective_score_temperature
+    for row, (prompt, completion) in enumerate(zip(observations, completions)):
+        prompt_ids = policy.encode_prompts([prompt])[0]
+        answer = list(completion.token_ids)
+        ids = torch.tensor([list(prompt_ids) + answer])
+        with torch.no_grad():
+            logits = policy.model(input_ids=ids).logits[0, len(prompt_ids) - 1 : -1].double() / temperature
+        logp = torch.log_softmax(logits, -1)
+        by_hand = -(logp.exp() * logp).sum(-1)
+        assert int(mask[row].sum()) == len(answer)
+        assert torch.allclose(entropy[row, : len(answer)].double(), by_hand, atol=1e-4)
+        assert (entropy[row, len(answer):] == 0).all()

@@ -5,7 +5,9 @@ the functions of :mod:`llm_marl.advantages`, defined there, a floor below, so th
 from llm_marl.advantages import (  # noqa: F401 (re-exported)
     BASELINES,
     Baseline,
+    aggregate_children,
     agent_returns,
+    answer_entropies,
     discounted_return,
     group_advantages,
     k3_kl,
@@ -18,4 +20,5 @@ from llm_marl.advantages import (  # noqa: F401 (re-exported)
     rloo_advantages,
     sample_losses,
     should_stop,
+    zero_advantage,
 )

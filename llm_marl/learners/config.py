@@ -29,6 +29,7 @@ from llm_marl.learners.config_types import check_types
 JOINT_MODES = ("aligned", "cross", "crossed")
 ADVANTAGE_MODES = ("mean", "max", "rloo", "raw")
 CROSS_AGGREGATIONS = ("sum", "mean", "max")
+TREE_RETURN_AGGREGATIONS = ("mean", "max", "softmax")
 PARALLEL_MODES = ("none", "mp")
 LOGPROB_REDUCTIONS = ("sum", "mean")
 ERROR_POLICIES = ("raise", "skip")
@@ -157,6 +158,18 @@ class MAGRPOConfig:
     rollout_log_steps: int = 10
     """Record the trees of the first batch and every this many batches to output_dir/rollouts; 0: off."""
 
+    # --- against collapsed groups (docs/algorithms.md §3.9) ---
+    tree_return_aggregation: str = "mean"
+    """An inner node's return credits its children's returns by their "mean", their "max" (optimistic credit) or their "softmax" (tree_return_temperature * log mean exp(G / tree_return_temperature))."""
+    tree_return_temperature: float = 1.0
+    """Temperature of tree_return_aggregation="softmax" (> 0; small: near the max, large: near the mean)."""
+    dynamic_sampling: bool = False
+    """Replace each group whose advantages are all zero by a group with signal from the batch's items rolled out again (DAPO's dynamic sampling), up to dynamic_sampling_budget re-rolls per batch."""
+    dynamic_sampling_budget: int = 4
+    """With dynamic_sampling: the most times a batch's items are rolled out again to replace groups without signal; what is still without signal after that is trained on as it is."""
+    entropy_coef: float = 0.0
+    """Entropy bonus: subtract entropy_coef x the mean entropy per token of the policy at the sampled answers' positions from each agent's loss (>= 0; 0 disables)."""
+
     def __post_init__(self) -> None:
         self.validate()
 
@@ -220,6 +233,12 @@ class MAGRPOConfig:
         _one_of(self, "joint_mode", JOINT_MODES)
         _one_of(self, "advantage_mode", ADVANTAGE_MODES)
         _one_of(self, "cross_aggregation", CROSS_AGGREGATIONS)
+        _one_of(self, "tree_return_aggregation", TREE_RETURN_AGGREGATIONS)
+        _positive(self, "tree_return_temperature")
+        _at_least(self, "dynamic_sampling_budget", 0)
+        _finite(self, "entropy_coef")
+        if self.entropy_coef < 0:
+            raise ValueError(f"entropy_coef must be >= 0, got {self.entropy_coef!r}")
         _one_of(self, "parallel_training", PARALLEL_MODES)
         _one_of(self, "logprob_reduction", LOGPROB_REDUCTIONS)
         _one_of(self, "reward_error_policy", ERROR_POLICIES)

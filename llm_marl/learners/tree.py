@@ -260,6 +260,8 @@ def grow_trees(
     seed: int | None = None,
     per_agent_rewards: bool = False,
     learner: str | None = None,
+    tree_return_aggregation: str = "mean",
+    tree_return_temperature: float = 1.0,
 ) -> list[RolloutNode]:
     """Grow one tree per dataset index; see :func:`collect_trees` for the config-driven form.
 
@@ -352,7 +354,7 @@ def grow_trees(
 
     for root in roots:
         if root.error is None:
-            _compute_returns(root, discount)
+            _compute_returns(root, discount, tree_return_aggregation, tree_return_temperature)
     return roots
 
 
@@ -366,6 +368,8 @@ def collect_trees(
     per-node random streams (see the module docstring). A config class with
     ``per_agent_rewards = True`` (the actor-critic configs) accepts agents' rewards that differ;
     one with ``discounted_tree_returns = False`` (the same) gets undiscounted node returns.
+    ``tree_return_aggregation`` (with ``tree_return_temperature``) says how an inner node's
+    return takes its children's: their mean, or optimistically their (soft) maximum.
     """
     return grow_trees(
         env,
@@ -381,6 +385,8 @@ def collect_trees(
         seed=seed,
         per_agent_rewards=bool(getattr(args, "per_agent_rewards", False)),
         learner=type(args).__name__.removesuffix("Config") + "Trainer",
+        tree_return_aggregation=getattr(args, "tree_return_aggregation", "mean"),
+        tree_return_temperature=getattr(args, "tree_return_temperature", 1.0),
     )
 
 
@@ -389,10 +395,10 @@ def _details(infos: Mapping[str, Mapping[str, Any]], agents: Sequence[str]) -> d
     return dict(info.get("reward_details", {})) if isinstance(info, Mapping) else {}
 
 
-def _compute_returns(node: RolloutNode, discount: float) -> None:
+def _compute_returns(node: RolloutNode, discount: float, how: str = "mean", temperature: float = 1.0) -> None:
     returns = []
     for reward, child in zip(node.rewards, node.children):
         if child is not None:
-            _compute_returns(child, discount)
-        returns.append(discounted_return(reward, child.returns if child is not None else None, discount))
+            _compute_returns(child, discount, how, temperature)
+        returns.append(discounted_return(reward, child.returns if child is not None else None, discount, how, temperature))
     node.returns = returns

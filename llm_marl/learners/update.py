@@ -20,10 +20,10 @@ from typing import Mapping, Sequence
 
 import torch
 
-from llm_marl.advantages import sample_losses
+from llm_marl.advantages import answer_entropies, sample_losses
 from llm_marl.learners.buffer import Sample
 from llm_marl.learners.tree import ask_team
-from llm_marl.policies.base import Policy
+from llm_marl.policies.base import Policy, take_token_entropy
 from llm_marl.policies.weight_changes import optimizer_parameters, weights_changed
 from llm_marl.runs.fsdp import grad_norm as sharded_grad_norm
 from llm_marl.runs.fsdp import is_sharded
@@ -287,7 +287,11 @@ class JointUpdate:
             scored = _score_batches(self.policies, {a: with_samples[a] for a in group}, self.args.logprob_reduction)
             finite = []
             for agent in group:
-                local = self._local_loss(with_samples[agent], scored[agent], self.dist.sum(len(with_samples[agent])))
+                total = self.dist.sum(len(with_samples[agent]))
+                local = self._local_loss(with_samples[agent], scored[agent], total)
+                bonus = self._entropy_bonus(agent, with_samples[agent])
+                if bonus is not None:
+                    local = local - bonus.to(local.device, local.dtype) / total
                 if torch.isfinite(local):
                     finite.append(local)
                 done[agent] = (local, scored[agent].detach().mean().item())
@@ -330,7 +334,30 @@ class JointUpdate:
         log_probs = self.policies[agent].log_probs(observations, completions, reduction=self.args.logprob_reduction)
         advantages = torch.tensor([a for s in batch for a in s.advantages], device=log_probs.device)
         losses = sample_losses(log_probs, advantages, [len(s.completions) for s in batch])
-        return losses.sum(), log_probs.detach().mean().item()
+        total = losses.sum()
+        bonus = self._entropy_bonus(agent, batch)
+        if bonus is not None:
+            total = total - bonus.to(total.device, total.dtype)
+        return total, log_probs.detach().mean().item()
+
+    def _entropy_bonus(self, agent: str, batch: list[Sample]) -> torch.Tensor | None:
+        """Log ``train/<agent>/entropy`` (mean entropy per sampled token, from the agent's last
+        scoring pass) and return ``entropy_coef`` x the sum over ``batch`` of each sample's mean
+        per-answer entropy (differentiable), or None where the policy records no entropy or
+        ``entropy_coef`` is 0."""
+        found = take_token_entropy(self.policies[agent])
+        if found is None:
+            return None
+        entropy, mask = found
+        tokens = int(mask.sum())
+        if tokens:
+            self._note(f"train/{agent}/entropy", float((entropy.detach() * mask).sum()) / tokens)
+        coef = getattr(self.args, "entropy_coef", 0.0)
+        if not coef:
+            return None
+        per_answer = answer_entropies(entropy, mask)
+        sizes = [len(s.completions) for s in batch]
+        return coef * torch.stack([chunk.mean() for chunk in per_answer.split(sizes)]).sum()
 
     def _gradient(
         self, who: str, params: list[torch.nn.Parameter], local: torch.Tensor, batch: list[Sample], log_prob_mean: float | None = None

@@ -141,6 +141,16 @@ class Policy(Protocol):
     def parameters(self) -> Iterator[torch.nn.Parameter]: ...
 
 
+def take_token_entropy(policy: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The ``(entropy, mask)`` per answer token of ``policy``'s last scoring call (its
+    ``last_token_entropy``: the next-token distribution's entropy at each scored token, from the
+    logits of that pass), removed from it; None for a policy that does not record it."""
+    found = getattr(policy, "last_token_entropy", None)
+    if found is not None:
+        policy.last_token_entropy = None
+    return found
+
+
 def token_log_probs_of(
     policy: Policy, observations: Sequence[str], completions: Sequence[Completion]
 ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -880,6 +880,7 @@ class CausalLMPolicy:
             )
         prompts = self.encode_prompts(observations)
         answers = [self._answer_ids(c) for c in completions]
+        entropy: list[torch.Tensor] = []
         values, mask = scoring.token_log_probs(
             self.runner,
             prompts,
@@ -890,7 +891,10 @@ class CausalLMPolicy:
             max_batch_size=self.max_batch_size,
             max_batch_tokens=self.max_batch_tokens,
             routes=self._routes(len(prompts)),
+            entropy_out=entropy,
+            entropy_grad=getattr(self, "entropy_grad", False),
         )
+        self.last_token_entropy = (entropy[0], mask)
         self._measure_gap(completions, values, mask)
         return values, mask
 

@@ -581,12 +581,15 @@ class LoRATeam:
             max_batch_size=first.max_batch_size,
             max_batch_tokens=first.max_batch_tokens,
             routes=routes,
+            entropy_out=(entropy := []),
+            entropy_grad=any(getattr(self.policies[a], "entropy_grad", False) for a in agents),
         )
         result, start = {}, 0
         for agent, count in zip(agents, counts):
             rows = slice(start, start + count)
             width = max((len(a) for a in answers[rows]), default=0)
             result[agent] = (values[rows, :width], mask[rows, :width])
+            self.policies[agent].last_token_entropy = (entropy[0][rows, :width], mask[rows, :width])
             self.policies[agent]._measure_gap(list(requests[agent][1]), *result[agent])
             start += count
         return result

@@ -63,11 +63,16 @@ def token_log_probs(
     max_batch_size: int | None = None,
     max_batch_tokens: int | None = None,
     routes: Sequence[str] | None = None,
+    entropy_out: list[torch.Tensor] | None = None,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token log-probs ``(values, mask)``, both ``[rows, max_answer_tokens]``; logits are
-    divided by ``temperature``; values are 0 where ``mask`` is False."""
+    divided by ``temperature``; values are 0 where ``mask`` is False. ``entropy_out``: a list
+    that gets one ``[rows, max_answer_tokens]`` tensor, the entropy of the (tempered) next-token
+    distribution at each answer token, from the same logits (0 where ``mask`` is False;
+    differentiable only with ``entropy_grad``)."""
     width = max((len(a) for a in answers), default=0)
-    values, masks = [], []
+    values, masks, entropies = [], [], []
     for rows in chunks(prompts, answers, max_batch_size, max_batch_tokens):
         v, m = score(
             runner,
@@ -77,13 +82,21 @@ def token_log_probs(
             temperature=temperature,
             prompts_once=prompts_once,
             routes=None if routes is None else [routes[i] for i in rows],
+            entropy_out=entropies if entropy_out is not None else None,
+            entropy_grad=entropy_grad,
         )
         pad = width - v.shape[1]
         values.append(torch.nn.functional.pad(v, (0, pad)))
         masks.append(torch.nn.functional.pad(m, (0, pad)))
+        if entropy_out is not None:
+            entropies[-1] = torch.nn.functional.pad(entropies[-1], (0, pad))
     if not values:
         device = runner.device
+        if entropy_out is not None:
+            entropy_out.append(torch.zeros((0, 0), device=device))
         return torch.zeros((0, 0), device=device), torch.zeros((0, 0), dtype=torch.bool, device=device)
+    if entropy_out is not None:
+        entropy_out.append(torch.cat(entropies))
     return torch.cat(values), torch.cat(masks)
 
 
@@ -96,13 +109,18 @@ def score(
     temperature: float,
     prompts_once: bool = True,
     routes: Sequence[str] | None = None,
+    entropy_out: list[torch.Tensor] | None = None,
+    entropy_grad: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token log-probs ``(values, mask)`` of one forward chunk."""
+    """Per-token log-probs ``(values, mask)`` of one forward chunk (``entropy_out``: see
+    :func:`token_log_probs`)."""
     device = runner.device
     lengths = torch.tensor([len(a) for a in answers], device=device)
     width_a = int(lengths.max()) if answers else 0
     if width_a == 0:
         shape = (len(answers), 0)
+        if entropy_out is not None:
+            entropy_out.append(torch.zeros(shape, device=device))
         return torch.zeros(shape, device=device), torch.zeros(shape, dtype=torch.bool, device=device)
     targets = torch.full((len(answers), width_a), pad_token_id, dtype=torch.long)
     for row, answer in enumerate(answers):
@@ -128,9 +146,21 @@ def score(
         logits = answer_logits(runner, prompts, targets, mask, pad_token_id=pad_token_id, routes=routes)
     logits = logits.float() / temperature
     chosen = logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    values = chosen - torch.logsumexp(logits, dim=-1)
+    normalizer = torch.logsumexp(logits, dim=-1)
+    values = chosen - normalizer
     values = torch.where(mask, values, torch.zeros_like(values))
+    if entropy_out is not None:
+        entropy_out.append(token_entropy(logits, normalizer, mask, entropy_grad))
     return values, mask
+
+
+def token_entropy(logits: torch.Tensor, normalizer: torch.Tensor, mask: torch.Tensor, grad: bool = False) -> torch.Tensor:
+    """Entropy of each position's next-token distribution ``softmax(logits)``:
+    ``logsumexp(logits) - sum(p * logits)``, from the scoring pass's logits and their
+    ``normalizer`` (the logsumexp); 0 where ``mask`` is False. Without ``grad``, detached."""
+    with torch.enable_grad() if grad else torch.no_grad():
+        entropy = normalizer - (torch.softmax(logits, dim=-1) * logits).sum(dim=-1)
+    return torch.where(mask, entropy, torch.zeros_like(entropy))
 
 
 def answer_logits(

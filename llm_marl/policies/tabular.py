@@ -16,6 +16,8 @@ digest of their bytes. Sampling uses torch's global RNG unless a generator is gi
 
 from __future__ import annotations
 
+import math
+
 import hashlib
 from typing import Any, Sequence
 
@@ -122,7 +124,10 @@ class TabularPolicy(nn.Module):
         self.add_observations(keys)
         rows = torch.tensor([self.rows[k] for k in keys], dtype=torch.long)
         picks = torch.tensor([self.action_of(c) for c in completions], dtype=torch.long)
-        values = torch.log_softmax(self.logits[rows], dim=-1).gather(1, picks[:, None]).squeeze(1)
+        table = torch.log_softmax(self.logits[rows], dim=-1)
+        values = table.gather(1, picks[:, None]).squeeze(1)
+        entropy = -torch.where(table > -math.inf, table.exp() * table, 0.0).sum(dim=-1, keepdim=True)  # the row's entropy
+        self.last_token_entropy = (entropy, torch.ones_like(entropy, dtype=torch.bool))
         self.sampler_gap.measure(self, [self.logits], completions, values.unsqueeze(1), torch.ones(len(completions), 1, dtype=torch.bool))
         return values
 

@@ -1,0 +1,228 @@
+"""Collapsed groups (issue 44): the stall metrics (``train/<agent>/zero_advantage_groups``,
+``train/<agent>/entropy``) and the options against collapse — dynamic sampling, the entropy
+bonus and optimistic credit in turn-based trees — each against numbers computed by hand."""
+
+from __future__ import annotations
+
+import json
+import math
+import warnings
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+from llm_marl.advantages import aggregate_children, group_advantages  # noqa: E402
+from llm_marl.envs.dialogue import DialogueEnv  # noqa: E402
+from llm_marl.learners import MAGRPOConfig, MAGRPOTrainer  # noqa: E402
+from llm_marl.learners.buffer import Sample  # noqa: E402
+from llm_marl.learners.tree import _compute_returns  # noqa: E402
+from llm_marl.policies.base import Completion  # noqa: E402
+from llm_marl.policies.tabular import TabularPolicy  # noqa: E402
+from llm_marl.rollouts import RolloutNode  # noqa: E402
+from toy_tasks import MENU, ColourMatch  # noqa: E402
+
+
+def trainer(**overrides):
+    settings = dict(num_turns=1, num_train_epochs=1, num_generations=2, rollout_buffer_size=2, items_per_step=2,
+                    eval_interval=0, progress_bar=False, seed=3, agent_learning_rate=0.3, early_termination_threshold=None)
+    settings.update(overrides)
+    return MAGRPOTrainer(env=DialogueEnv(ColourMatch(num_items=4, num_turns=settings["num_turns"])),
+                         policies=[TabularPolicy(MENU), TabularPolicy(MENU)], args=MAGRPOConfig(**settings))
+
+
+def group(agent, returns, index=0):
+    answers = [Completion(MENU[k % 3], action=k % 3) for k in range(len(returns))]
+    return Sample(agent, f"item {index}", answers, list(returns), group_advantages(returns), index, 0)
+
+
+# --- the stall metrics ------------------------------------------------------------------------
+
+
+def test_zero_advantage_share_is_exact_on_hand_built_groups():
+    t = trainer()
+    # left: 3 groups, one of them with equal returns (advantages exactly 0); right: 2 of 2 collapsed
+    samples = [group("left", [1.0, 2.0]), group("right", [2.0, 2.0]), group("left", [3.0, 3.0]),
+               group("right", [0.0, 0.0]), group("left", [0.0, 1.0])]
+    assert samples[2].advantages == [0.0, 0.0]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        t._note_stalls(samples)
+    assert t._pending["train/left/zero_advantage_groups"] == [pytest.approx(1 / 3, abs=0)]
+    assert t._pending["train/right/zero_advantage_groups"] == [1.0]
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1 and "'right'" in messages[0] and "100% of its 2 groups" in messages[0]
+    t._note_stalls(samples)  # warned once per agent only
+    assert t._pending["train/right/zero_advantage_groups"] == [1.0, 1.0]
+
+
+def test_entropy_of_a_tabular_policy_is_the_rows_entropy_and_the_bonus_enters_the_loss():
+    t = trainer(entropy_coef=0.5)
+    policy = t.policies["left"]
+    observation = "item 0: left, name a colour"
+    policy.add_observations([observation])
+    with torch.no_grad():
+        policy.logits[policy.rows[observation]] = torch.tensor([0.0, math.log(3.0), math.log(4.0)])  # p = 1/8, 3/8, 4/8
+    p = [1 / 8, 3 / 8, 4 / 8]
+    entropy = -sum(q * math.log(q) for q in p)
+    sample = Sample("left", observation, [Completion("red", action=0), Completion("green", action=1)], [0.0, 1.0], [-1.0, 1.0], 0, 0)
+    loss, _ = t._loss_sum("left", [sample])
+    # policy gradient part: mean_k(-A_k log p_k) = (1 * log 1/8 - 1 * log 3/8) / 2; bonus: 0.5 * H
+    by_hand = (math.log(1 / 8) - math.log(3 / 8)) / 2 - 0.5 * entropy
+    assert loss.item() == pytest.approx(by_hand, rel=1e-6)
+    assert t._pending["train/left/entropy"] == [pytest.approx(entropy, rel=1e-6)]
+    t.args.entropy_coef = 0.0
+    loss, _ = t._loss_sum("left", [sample])
+    assert loss.item() == pytest.approx((math.log(1 / 8) - math.log(3 / 8)) / 2, rel=1e-6)
+
+
+@pytest.mark.parametrize("learner", ["MAGRPO", "MAREINFORCE", "IAC"])
+def test_every_learner_logs_the_stall_metrics(tmp_path, learner):
+    import llm_marl.learners as learners
+
+    config = getattr(learners, f"{learner}Config")(
+        num_turns=1, num_train_epochs=1, num_generations=2, rollout_buffer_size=2, items_per_step=2, eval_interval=0,
+        progress_bar=False, seed=3, logging_steps=1, output_dir=str(tmp_path), early_termination_threshold=None)
+    t = getattr(learners, f"{learner}Trainer")(env=DialogueEnv(ColourMatch(num_items=4, num_turns=1)),
+                                                policies=[TabularPolicy(MENU), TabularPolicy(MENU)], args=config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t.train()
+    with open(tmp_path / "metrics.jsonl") as f:
+        names = {name for line in f for name in json.loads(line)}
+    for agent in ("left", "right"):
+        assert f"train/{agent}/zero_advantage_groups" in names
+        assert f"train/{agent}/entropy" in names
+
+
+# --- dynamic sampling -------------------------------------------------------------------------
+
+
+def fed_groups(t):
+    """Run ``t`` and return every group an optimizer step was given."""
+    fed = []
+    step = t._joint_optimizer_step
+
+    def spy(batches):
+        fed.extend(s for batch in batches.values() for s in batch)
+        return step(batches)
+
+    t._joint_optimizer_step = spy
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        t.train()
+    return fed
+
+
+def test_dynamic_sampling_feeds_no_zero_advantage_group_while_its_budget_lasts():
+    plain = fed_groups(trainer(num_train_epochs=3))
+    assert any(all(a == 0 for a in s.advantages) for s in plain)  # the control: collapsed groups do reach updates
+    t = trainer(num_train_epochs=3, dynamic_sampling=True, dynamic_sampling_budget=50)
+    fed = fed_groups(t)
+    assert len(fed) == len(plain)  # as many groups per update as without it
+    assert not any(all(a == 0 for a in s.advantages) for s in fed)
+
+
+def test_dynamic_sampling_budget_zero_changes_nothing():
+    plain = trainer(num_train_epochs=2)
+    off = trainer(num_train_epochs=2, dynamic_sampling=True, dynamic_sampling_budget=0)
+    for t in (plain, off):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t.train()
+    for agent in ("left", "right"):
+        assert torch.equal(plain.policies[agent].logits, off.policies[agent].logits)
+
+
+def test_dynamic_sampling_stops_and_resumes_exactly(tmp_path):
+    def build(folder, **overrides):
+        return trainer(num_train_epochs=2, dynamic_sampling=True, output_dir=str(tmp_path / folder), save_steps=1,
+                       save_total_limit=None, **overrides)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        full = build("full")
+        full.train()
+        build("split", max_steps=2).train()
+        resumed = build("split")
+        resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == full.state.global_step > 2
+    for agent in ("left", "right"):
+        assert torch.equal(resumed.policies[agent].logits, full.policies[agent].logits)
+
+
+# --- optimistic credit ------------------------------------------------------------------------
+
+
+def two_step_tree():
+    """Player 0 answers twice at the root (rewards 0 and 1); after each answer player 1 answers
+    twice (rewards 3, 1 after the first; 0, 3 after the second)."""
+    root = RolloutNode(0, 0, {}, completions={"p0": ["a", "b"]}, joint=[(0,), (1,)], rewards=[0.0, 1.0])
+    first = RolloutNode(1, 0, {}, completions={"p1": ["c", "d"]}, joint=[(0,), (1,)], rewards=[3.0, 1.0], children=[None, None])
+    second = RolloutNode(1, 0, {}, completions={"p1": ["c", "d"]}, joint=[(0,), (1,)], rewards=[0.0, 3.0], children=[None, None])
+    root.children = [first, second]
+    return root
+
+
+@pytest.mark.parametrize("how, temperature, expected", [
+    ("mean", 1.0, [0 + (3 + 1) / 2, 1 + (0 + 3) / 2]),
+    ("max", 1.0, [0 + 3, 1 + 3]),
+    # soft maximum t * log(mean exp(G / t)) at t = 1: log((e^3 + e^1) / 2) = 2.433781, 1 + log((1 + e^3) / 2) = 3.355440
+    ("softmax", 1.0, [2.433781, 3.355440]),
+    # at t = 2: 2 log((e^1.5 + e^0.5) / 2) = 2.240229, 1 + 2 log((1 + e^1.5) / 2) = 3.016532
+    ("softmax", 2.0, [2.240229, 3.016532]),
+])
+def test_optimistic_credit_equals_a_hand_computation_on_a_two_step_tree(how, temperature, expected):
+    root = two_step_tree()
+    _compute_returns(root, 1.0, how, temperature)
+    assert root.children[0].returns == [3.0, 1.0] and root.children[1].returns == [0.0, 3.0]  # leaves: their rewards
+    assert root.returns == pytest.approx(expected, abs=1e-6)
+    assert root.agent_returns("p0") == pytest.approx(expected, abs=1e-6)
+
+
+def test_soft_maximum_goes_from_the_mean_to_the_max():
+    values = [3.0, 1.0, 0.0, 2.0]
+    assert aggregate_children(values, "softmax", 1e-3) == pytest.approx(3.0, abs=1e-2)
+    assert aggregate_children(values, "softmax", 1e4) == pytest.approx(1.5, abs=1e-3)
+
+
+def test_optimistic_credit_reaches_the_trees_through_the_config():
+    t = trainer(num_turns=2, tree_return_aggregation="max")
+    from llm_marl.learners.tree import collect_trees, iter_nodes
+
+    roots = collect_trees(t.env, t.policies, [0, 1], t.args, seed=1)
+    for node in iter_nodes(roots):
+        for j, child in enumerate(node.children):
+            if child is not None:
+                assert node.returns[j] == node.rewards[j] + max(child.returns)
+
+
+def test_bad_options_are_refused_naming_the_field():
+    with pytest.raises(ValueError, match="tree_return_aggregation"):
+        MAGRPOConfig(tree_return_aggregation="best")
+    with pytest.raises(ValueError, match="tree_return_temperature"):
+        MAGRPOConfig(tree_return_temperature=0.0)
+    with pytest.raises(ValueError, match="entropy_coef"):
+        MAGRPOConfig(entropy_coef=-0.1)
+    with pytest.raises(ValueError, match="dynamic_sampling_budget"):
+        MAGRPOConfig(dynamic_sampling_budget=-1)
+
+
+def test_the_shipped_tiny_hanabi_config_runs_from_the_command_without_actions(tmp_path):
+    """`llm-marl train --config examples/configs/tiny_hanabi.yaml --env TinyHanabi-E-v0`: tabular
+    policies over the game's three moves, the config's options in the run's config."""
+    pytest.importorskip("pyspiel")
+    import os
+
+    from llm_marl.cli import main
+
+    config = os.path.join(os.path.dirname(__file__), "..", "examples", "configs", "tiny_hanabi.yaml")
+    out = tmp_path / "run"
+    assert main(["train", "--config", config, "--env", "TinyHanabi-E-v0", "--seed", "1", "--num_train_epochs", "1", "--train-items", "8",
+                 "--output_dir", str(out), "--threads", "1"]) == 0
+    saved = json.loads((out / "run.json").read_text())
+    text = json.dumps(saved)
+    assert '"tree_return_aggregation": "softmax"' in text and '"num_turns": 2' in text
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert any("train/player_0/zero_advantage_groups" in row for row in rows)
