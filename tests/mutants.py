@@ -138,9 +138,9 @@ MUTANTS: list[Mutant] = [
     ),
     Mutant(
         "groups whose advantages are all zero are not replaced by dynamic sampling",
-        "llm_marl/learners/reinforce/trainer.py",
-        "if s.completions and s.advantages and zero_advantage(s.advantages)]",
-        "if s.completions and s.advantages and zero_advantage(s.advantages) and False]",
+        "llm_marl/learners/stalls.py",
+        "    dead = [i for i, s in enumerate(samples) if _trained(s) and not _carries_signal(s)]",
+        "    dead = []",
         ("tests/test_stalls.py",),
     ),
     Mutant(

@@ -17,6 +17,7 @@ from llm_marl.advantages import aggregate_children, group_advantages  # noqa: E4
 from llm_marl.envs.dialogue import DialogueEnv  # noqa: E402
 from llm_marl.learners import MAGRPOConfig, MAGRPOTrainer  # noqa: E402
 from llm_marl.learners.buffer import Sample  # noqa: E402
+from llm_marl.learners.stalls import note_stalls  # noqa: E402
 from llm_marl.learners.tree import _compute_returns  # noqa: E402
 from llm_marl.policies.base import Completion  # noqa: E402
 from llm_marl.policies.tabular import TabularPolicy  # noqa: E402
@@ -48,12 +49,12 @@ def test_zero_advantage_share_is_exact_on_hand_built_groups():
     assert samples[2].advantages == [0.0, 0.0]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        t._note_stalls(samples)
+        note_stalls(t, samples)
     assert t._pending["train/left/zero_advantage_groups"] == [pytest.approx(1 / 3, abs=0)]
     assert t._pending["train/right/zero_advantage_groups"] == [1.0]
     messages = [str(w.message) for w in caught]
     assert len(messages) == 1 and "'right'" in messages[0] and "100% of its 2 groups" in messages[0]
-    t._note_stalls(samples)  # warned once per agent only
+    note_stalls(t, samples)  # warned once per agent only
     assert t._pending["train/right/zero_advantage_groups"] == [1.0, 1.0]
 
 

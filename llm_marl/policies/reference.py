@@ -9,9 +9,12 @@ placed on ``reference_devices[i]`` when given.
 from __future__ import annotations
 
 import copy
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
-from llm_marl.policies.base import Policy
+import torch
+
+from llm_marl.advantages import k3_kl
+from llm_marl.policies.base import Completion, Policy, token_log_probs_of
 
 __all__ = ["frozen_references"]
 
@@ -32,3 +35,12 @@ def frozen_references(policies: Mapping[str, Policy], agents: Sequence[str], dev
             p.requires_grad_(False)
         references[agent] = reference
     return references
+
+
+def kl_to_reference(policy: Policy, reference: Policy, observations: Sequence[Any], completions: Sequence[Completion]) -> list[float]:
+    """The k3 estimate of KL(policy || reference) of each completion (no gradient; :func:`llm_marl.advantages.k3_kl`)."""
+    with torch.no_grad():
+        policy_values, mask = token_log_probs_of(policy, observations, completions)
+        reference_values, _ = token_log_probs_of(reference, observations, completions)
+        kl = k3_kl(policy_values, reference_values.to(policy_values.device), mask)
+    return kl.tolist()

@@ -37,16 +37,16 @@ import torch
 from pettingzoo import ParallelEnv
 
 from llm_marl import cpu
-from llm_marl.advantages import k3_kl, zero_advantage
 from llm_marl.learners.buffer import RolloutBuffer, Sample, node_groups, samples_from_trees
 from llm_marl.learners.checks import check_horizon, check_policies, env_horizon
 from llm_marl.learners.reinforce.config import MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig
 from llm_marl.learners.evaluation import episode_metrics, evaluate, illegal_rates
 from llm_marl.learners.evaluation import num_items as _num_items
+from llm_marl.learners.stalls import dynamic_sampling, keep_entropy_differentiable, note_stalls
 from llm_marl.learners.tree import RolloutNode, collect_trees, derive_seed, iter_nodes
 from llm_marl.learners.update import JointUpdate, _score_batches, default_optimizer  # noqa: F401 (re-exported)
-from llm_marl.policies.base import Completion, Policy, token_log_probs_of
-from llm_marl.policies.reference import frozen_references
+from llm_marl.policies.base import Completion, Policy
+from llm_marl.policies.reference import frozen_references, kl_to_reference
 from llm_marl.runs.distributed import DistributedContext
 from llm_marl.runs.fsdp import gathered, save_consolidated, shard_agents
 from llm_marl.runs.interrupt import StopRequests, TrainingInterrupted
@@ -183,10 +183,8 @@ class MAGRPOTrainer(AgentsByName, JointUpdate):
             check_horizon(self.eval_env, self.args.num_turns, "eval_env")
         self.policies = _by_agent(policies, self.agent_ids, "policies")
         check_policies(self.policies)
-        if self.args.entropy_coef > 0:  # language models: keep the scoring pass's token entropies differentiable
-            for policy in self.policies.values():
-                if hasattr(policy, "token_log_probs"):
-                    policy.entropy_grad = True
+        if self.args.entropy_coef > 0:
+            keep_entropy_differentiable(self.policies.values())
         if self.args.agent_devices is not None:
             for agent, device in zip(self.agent_ids, self.args.agent_devices):
                 if hasattr(self.policies[agent], "to"):
@@ -375,38 +373,8 @@ class MAGRPOTrainer(AgentsByName, JointUpdate):
             raise
         self.recorder.train_batch(self.state.batch_step, roots, samples, self.logger)
         if args.dynamic_sampling:
-            samples = self._dynamic_sampling(samples)
+            samples = dynamic_sampling(self, samples)
         return roots, samples, elapsed
-
-    def _dynamic_sampling(self, samples: list[Sample]) -> list[Sample]:
-        """DAPO's dynamic sampling (config ``dynamic_sampling``): each group whose advantages are
-        all zero is replaced, in place, by a group with signal of the same agent, taken in order
-        from the items that had such groups rolled out again (up to ``dynamic_sampling_budget``
-        times, each with its own seed derived from the run's seed, epoch and batch, so a resumed
-        run draws the same). The batch keeps its number of groups per agent; what is still
-        without signal when the budget is spent stays."""
-        dead = [i for i, s in enumerate(samples) if s.completions and s.advantages and zero_advantage(s.advantages)]
-        replaced = 0
-        for attempt in range(1, self.args.dynamic_sampling_budget + 1):
-            if not dead:
-                break
-            items = sorted({samples[i].index for i in dead})
-            seed = derive_seed(self._rollout_seed(), "dynamic sampling", self.state.batch_step, attempt)
-            roots = [root for root in collect_trees(self.env, self.policies, items, self.args, seed=seed) if root.error is None]
-            spare: dict[str, list[Sample]] = {agent: [] for agent in self.agents}
-            for sample in self._samples(roots):
-                if sample.completions and sample.advantages and not zero_advantage(sample.advantages):
-                    spare[sample.agent].append(sample)
-            still = []
-            for i in dead:
-                if spare[samples[i].agent]:
-                    samples[i] = spare[samples[i].agent].pop(0)
-                    replaced += 1
-                else:
-                    still.append(i)
-            dead = still
-        self._note("train/dynamic_sampling_replaced", float(replaced))
-        return samples
 
     def _buffer_and_update(
         self, batch_step: int, roots: list[RolloutNode], samples: list[Sample], elapsed: float, rest: list[Sample]
@@ -428,7 +396,7 @@ class MAGRPOTrainer(AgentsByName, JointUpdate):
         metrics.update(illegal_rates(roots, "train"))
         metrics["train/env_steps_per_second"] = stepped / max(elapsed, 1e-9)
         metrics["train/skipped_items"] = self.state.skipped_items
-        self._note_stalls(samples)
+        note_stalls(self, samples)
         for sample in samples:
             if not sample.completions:
                 continue  # a preference learner's placeholder for an agent that did not act
@@ -438,23 +406,6 @@ class MAGRPOTrainer(AgentsByName, JointUpdate):
                 self._note(f"train/{sample.agent}/kl_mean", float(np.mean(sample.kl)))
         for name, value in metrics.items():
             self._note(name, value)
-
-    def _note_stalls(self, samples: list[Sample]) -> None:
-        """Note ``train/<agent>/zero_advantage_groups``, the share of the batch's groups whose
-        advantages are all zero (no gradient), and warn once per agent when it is above half."""
-        for agent in self.agents:
-            groups = [s for s in samples if s.agent == agent and s.completions and s.advantages]
-            if not groups:
-                continue
-            share = sum(zero_advantage(s.advantages) for s in groups) / len(groups)
-            self._note(f"train/{agent}/zero_advantage_groups", share)
-            if share > 0.5:
-                self._warn_once(
-                    f"zero_advantage_groups/{agent}",
-                    f"agent {agent!r}, dataset batch {self.state.batch_step}: {share:.0%} of its {len(groups)} groups have "
-                    "all-zero advantages (their K answers earned the same return) and give no gradient; learning may "
-                    "stall. dynamic_sampling, entropy_coef or tree_return_aggregation address it (docs/algorithms.md §3.9)",
-                )
 
     def _samples(self, roots: list[RolloutNode]) -> list[Sample]:
         """The training samples of a batch's trees, node by node, agents in order within a node."""
@@ -483,17 +434,11 @@ class MAGRPOTrainer(AgentsByName, JointUpdate):
         the tree's item (tree.py), whatever the batching, ordering or rank."""
         return derive_seed(self.args.seed, "epoch", self.state.epoch)
 
-    # --- reference KL -------------------------------------------------------------------------
-
     def _make_references(self) -> dict[str, Policy]:
         return frozen_references(self.policies, self.agent_ids, self.args.reference_devices)
 
     def _kl_penalty(self, agent: str, observations: Sequence[Any], completions: Sequence[Completion]) -> list[float]:
-        with torch.no_grad():
-            policy_values, mask = token_log_probs_of(self.policies[agent], observations, completions)
-            reference_values, _ = token_log_probs_of(self.reference_policies[agent], observations, completions)
-            kl = k3_kl(policy_values, reference_values.to(policy_values.device), mask)
-        return kl.tolist()
+        return kl_to_reference(self.policies[agent], self.reference_policies[agent], observations, completions)
 
     # --- logging and checkpoints --------------------------------------------------------------
 
