@@ -167,7 +167,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "resume does not restore the RNG states",
         "llm_marl/runs/checkpoint.py",
-        '    restore_rng(trainer.policies, torch.load(os.path.join(path, "rng.pt"), weights_only=False))\n',
+        '    restore_rng(trainer.policies, torch.load(os.path.join(own, "rng.pt"), weights_only=False), _envs(trainer))\n',
         "",
         ("tests/test_reliability.py::test_stop_resume_equals_uninterrupted", "tests/test_reliability_lm.py::test_lm_stop_resume_equals_uninterrupted"),
     ),
