@@ -272,3 +272,14 @@ def test_config_that_does_not_match_env():
 def test_empty_dataset_is_named():
     with pytest.raises(ValueError, match="split 'train' has no rows"):
         DialogueEnv(ColourMatch(num_items=0))
+
+
+def test_resume_restores_the_envs_item_generators(tmp_path):
+    # a new env draws its item generator from fresh entropy; the resumed run continues the saved one
+    first = make_trainer(tmp_path, max_steps=3)
+    first.train()
+    drawn = {name: getattr(first, name)._np_random.bit_generator.state for name in ("env", "eval_env")}
+    resumed = make_trainer(tmp_path, max_steps=3)
+    assert resumed.env._np_random.bit_generator.state != drawn["env"]
+    resumed.train(resume_from_checkpoint=True)
+    assert {name: getattr(resumed, name)._np_random.bit_generator.state for name in ("env", "eval_env")} == drawn

@@ -11,7 +11,6 @@ puts the run's back, so that the block neither depends on nor changes what the r
 
 from __future__ import annotations
 
-import copy
 import random
 from contextlib import contextmanager
 from typing import Any, Iterator, Mapping
@@ -41,7 +40,7 @@ def rng_state(policies: Mapping[str, Any], envs: Mapping[str, Any] | None = None
         generator = getattr(policy, "generator", None)
         if isinstance(generator, torch.Generator):
             state["policies"][agent] = generator.get_state()
-    state["envs"] = {name: copy.deepcopy(env._np_random) for name, env in (envs or {}).items() if _has_generator(env)}
+    state["envs"] = {name: env._np_random.bit_generator.state for name, env in (envs or {}).items() if _has_generator(env)}
     return state
 
 
@@ -58,9 +57,11 @@ def restore_rng(policies: Mapping[str, Any], state: Mapping[str, Any], envs: Map
         torch.cuda.set_rng_state_all(state["cuda"])
     for agent, generator_state in state["policies"].items():
         policies[agent].generator.set_state(generator_state)
-    for name, generator in state.get("envs", {}).items():
+    for name, generator_state in state.get("envs", {}).items():
         if envs and name in envs and _has_generator(envs[name]):
-            envs[name]._np_random = copy.deepcopy(generator)
+            generator = np.random.Generator(getattr(np.random, generator_state["bit_generator"])())
+            generator.bit_generator.state = generator_state
+            envs[name]._np_random = generator  # a new object: forks sharing the old one keep theirs
 
 
 @contextmanager
