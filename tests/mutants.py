@@ -690,7 +690,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "an update steps past max_steps (issue 34.7, every learner)",
         "llm_marl/learners/update.py",
-        "            if self._reached_max_steps() and not self.dist.enabled:  # the rest stays planned",
+        "            if self._reached_max_steps():  # the rest stays planned",
         "            if False:  # the rest stays planned",
         ("tests/test_max_steps.py::test_stops_at_exactly_max_steps[magrpo]", "tests/test_max_steps.py::test_stops_at_exactly_max_steps[iac]"),
     ),
@@ -704,8 +704,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "a checkpoint forgets the batch that max_steps cut (resume collects it again)",
         "llm_marl/runs/checkpoint.py",
-        '"unfinished": _cut_batch(trainer)}',
-        '"unfinished": None}',
+        "    plan, unfinished = getattr(trainer, \"_update_plan\", None), _cut_batch(trainer)\n",
+        "    plan, unfinished = getattr(trainer, \"_update_plan\", None), None\n",
         ("tests/test_max_steps.py::test_stopped_then_resumed_equals_uninterrupted[magrpo]",),
     ),
     Mutant(
@@ -976,6 +976,20 @@ MUTANTS: list[Mutant] = [
         "                p.grad.div_(trainer.dist.world_size)",
         "                p.grad.div_(1)",
         ("tests/test_fsdp.py::test_sharded_critics_resume_exactly_and_maac_and_a_team_train_like_one_process",),
+    ),
+    Mutant(
+        "every rank resumes rank 0's buffers and generators (issue 43)",
+        "llm_marl/runs/checkpoint.py",
+        "        return os.path.join(path, rank_folder(dist.rank))\n",
+        "        return path\n",
+        ("tests/test_distributed_resume.py::test_two_ranks_stopped_with_partly_filled_buffers_resume_exactly",),
+    ),
+    Mutant(
+        "an answer drawn by older weights counts as fresh (sampler_staleness always 0, issue 43)",
+        "llm_marl/learners/staleness.py",
+        "self.version(agent, record.epoch) - self.version(agent, record.weights))",
+        "0)",
+        ("tests/test_sampler_staleness.py::test_a_sampler_one_step_behind_stops_an_on_policy_run",),
     ),
 ]
 

@@ -128,8 +128,8 @@ def test_two_ranks_stopped_with_partly_filled_buffers_resume_exactly(tmp_path):
 
 SLOW_CELLS = {
     "iac-tabular": (["train", "--env", "TinyHanabi-A-v0", "--policy", "tabular", "--actions", "0,1,2", "--learner", "iac"], 3),
-    "lm-tiny": (["train", "--env", "TinyHanabi-A-v0", "--policy", "lm", "--model", "tiny", "--max_new_tokens", "2"], 3),
-    "fsdp-lm-tiny": (["train", "--env", "TinyHanabi-A-v0", "--policy", "lm", "--model", "tiny", "--max_new_tokens", "2", "--fsdp"], 3),
+    "lm-tiny": (["train", "--env", "TinyHanabi-A-v0", "--policy", "lm", "--model", "tiny", "--max_new_tokens", "2", "--train_batch_size", "1"], 3),
+    "fsdp-lm-tiny": (["train", "--env", "TinyHanabi-A-v0", "--policy", "lm", "--model", "tiny", "--max_new_tokens", "2", "--train_batch_size", "1", "--fsdp"], 3),
 }
 
 

@@ -22,13 +22,14 @@ import torch
 
 from llm_marl.advantages import sample_losses
 from llm_marl.learners.buffer import Sample
+from llm_marl.learners.staleness import STALENESS_CAUSES, SamplerStalenessError, WeightVersions, restamp
 from llm_marl.learners.tree import ask_team
-from llm_marl.policies.base import Policy
+from llm_marl.policies.base import GAP_BASELINE_MULTIPLE, Policy, calibrated_threshold, gap_baseline
 from llm_marl.policies.weight_changes import optimizer_parameters, weights_changed
 from llm_marl.runs.fsdp import grad_norm as sharded_grad_norm
 from llm_marl.runs.fsdp import is_sharded
 
-__all__ = ["JointUpdate", "SamplerGapError", "default_optimizer"]
+__all__ = ["JointUpdate", "SamplerGapError", "SamplerStalenessError", "default_optimizer"]
 
 GAP_CAUSES = (
     "likely causes: a sampling copy not refreshed after a weight change (bf16 shadow, packed weights; "
@@ -94,6 +95,28 @@ class JointUpdate:
     _update_plan: dict | None = None
     """The rest of an update that ``max_steps`` cut (its mini-batches, counts, next index), or None."""
 
+    on_policy = True
+    """Whether every answer must be drawn by the weights the update starts from: a nonzero
+    ``train/<agent>/sampler_staleness`` stops the run (llm_marl/learners/staleness.py)."""
+
+    @property
+    def weight_versions(self) -> WeightVersions:
+        """Each agent's weight versions in this process (staleness.py)."""
+        return self.__dict__.setdefault("_weight_versions", WeightVersions())
+
+    def _weights_set(self) -> None:
+        """``train()`` has loaded and broadcast the weights: every agent's version 0."""
+        for agent in self.agents:
+            self.weight_versions.restart(agent, self.policies[agent].parameters())
+        marks = self.__dict__.pop("_restored_samplers", None)
+        if marks is not None:  # a checkpoint's answers: re-owned by this run's policies
+            plan = getattr(self, "_update_plan", None) or {}
+            unfinished = getattr(self, "_unfinished", None)
+            samples = [s for b in self.buffers.values() for s in b.samples]
+            samples += [s for batches in plan.get("batches", {}).values() for batch in batches for s in batch]
+            samples += list(getattr(unfinished, "samples", [])) + list(getattr(unfinished, "rest", []))
+            restamp(samples, marks, self.policies)
+
     def _update_cut(self) -> bool:
         """Whether the last update stopped at ``max_steps`` with mini-batches left."""
         return self._update_plan is not None
@@ -139,8 +162,8 @@ class JointUpdate:
         ``max_steps`` is checked before every optimizer step: reached, the update stops there and
         its remaining mini-batches, cut as they were (advantages whitened over the whole buffer
         included), are kept in ``_update_plan`` (checkpointed); the next call finishes them first,
-        so a run stopped at ``max_steps`` and continued equals one that never stopped. Distributed
-        runs still stop after the update (a checkpoint holds rank 0's buffers only).
+        so a run stopped at ``max_steps`` and continued equals one that never stopped (distributed:
+        every rank stops at the same step and its checkpoint keeps each rank's own rest).
 
         Distributed: every rank takes the same number of steps (the most any rank needs); a rank
         out of samples contributes zero gradient. parallel_training="mp": agents are scored
@@ -163,7 +186,7 @@ class JointUpdate:
             counts = {agent: self.dist.max(len(batches[agent])) for agent in self.agents}
             first = 0
         for i in range(first, max(counts.values())):
-            if self._reached_max_steps() and not self.dist.enabled:  # the rest stays planned (checkpointed) for the next call
+            if self._reached_max_steps():  # the rest stays planned (each rank's, checkpointed) for the next call
                 self._update_plan = {"batches": batches, "counts": counts, "next": i}
                 return
             step = {
@@ -199,6 +222,7 @@ class JointUpdate:
                         break
             failed = next((r.error for r in results if r.error), None)
             if not failed:
+                self._check_sampler_staleness(step)
                 self._check_sampler_gaps(agents)
                 others = self._other_backwards(step)
                 failed = next((r.error for _, _, r in others if r.error), None)
@@ -214,6 +238,7 @@ class JointUpdate:
         for agent, result in zip(agents, results):
             self.optimizers[agent].step()
             weights_changed(optimizer_parameters(self.optimizers[agent]))  # whatever the optimizer
+            self.weight_versions.advance(agent, self.policies[agent].parameters())
             self.optimizers[agent].zero_grad(set_to_none=True)
             self._note(f"train/{agent}/loss", result.loss)
             self._note(f"train/{agent}/grad_norm", result.grad_norm)
@@ -226,11 +251,30 @@ class JointUpdate:
             self._note(f"train/{name}/loss", result.loss)
             self._note(f"train/{name}/grad_norm", result.grad_norm)
 
+    def _check_sampler_staleness(self, step: Mapping[str, list[Sample]]) -> None:
+        """Log each agent's ``train/<agent>/sampler_staleness``: the most optimizer steps by which
+        the weights that drew any of its answers in ``step`` lagged behind its trained weights when
+        they were drawn (staleness.py; distributed: the most of any rank). Nonzero for an
+        :attr:`on_policy` learner raises :class:`SamplerStalenessError` (no agent is updated)."""
+        for agent in step:
+            lag = self.weight_versions.lag(agent, step[agent])
+            lag = self.dist.max(-1 if lag is None else lag)
+            if lag < 0:
+                continue
+            self._note(f"train/{agent}/sampler_staleness", float(lag))
+            if lag and self.on_policy:
+                raise SamplerStalenessError(
+                    f"agent {agent!r}, optimizer step {self.state.global_step + 1}: answers drawn with weights {lag} "
+                    f"optimizer step(s) older than the agent's trained weights at the time (train/{agent}/sampler_staleness "
+                    f"= {lag}; an on-policy learner needs 0); {STALENESS_CAUSES}"
+                )
+
     def _check_sampler_gaps(self, agents: Sequence[str]) -> None:
         """Log each agent's ``train/<agent>/sampler_gap`` (mean |log p_sampler - log p_scorer| per
         token of the answers scored for this step that it sampled with the same weights; see
-        :class:`~llm_marl.policies.base.GapMeter`). Past the sampler dtype's default threshold it
-        warns once per agent; past ``max_sampler_gap`` it raises :class:`SamplerGapError` (no agent
+        :class:`~llm_marl.policies.base.GapMeter`). Past a threshold calibrated on the run's first
+        measured gap (:func:`~llm_marl.policies.base.calibrated_threshold`: a multiple of it, at most
+        the sampler dtype's default) it warns once per agent; past ``max_sampler_gap`` it raises :class:`SamplerGapError` (no agent
         is updated). Distributed: the ranks' tokens are pooled, so every rank decides alike."""
         limit = getattr(self.args, "max_sampler_gap", None)
         for agent in agents:
@@ -244,16 +288,22 @@ class JointUpdate:
                 continue
             gap = total / tokens
             self._note(f"train/{agent}/sampler_gap", gap)
+            baselines = self.__dict__.setdefault("_gap_baselines", {})
+            baseline = baselines.get(agent)  # the run's gaps so far (policies/base.py)
+            threshold = calibrated_threshold(meter.threshold, baseline)
             where = (
                 f"agent {agent!r}, optimizer step {self.state.global_step + 1}: the sampled tokens' log-probs "
                 f"differ from the scorer's by {gap:.3g} per token (mean |delta| over {tokens} tokens, {meter.dtype} sampler)"
             )
             if limit is not None and gap > limit:
                 raise SamplerGapError(f"{where}, past max_sampler_gap={limit:g}; {GAP_CAUSES}")
-            if gap > meter.threshold:
+            if gap <= threshold:
+                baselines[agent] = gap_baseline(baseline, gap)  # a gap past it does not raise the bar
+            else:
                 self._warn_once(
                     f"sampler_gap/{agent}",
-                    f"{where}, past the default threshold {meter.threshold:g} for {meter.dtype} sampling: the answers "
+                    f"{where}, past the threshold {threshold:g} ({_calibration(baseline)}, at most the default "
+                    f"{meter.threshold:g} for {meter.dtype} sampling): the answers "
                     f"are not quite drawn from the policy being trained; {GAP_CAUSES}. max_sampler_gap stops a run instead",
                 )
 
@@ -388,3 +438,8 @@ def _score_batches(
     return scored
 
 
+
+def _calibration(baseline: float | None) -> str:
+    if baseline is None:
+        return "the default: the first measured step"
+    return f"{GAP_BASELINE_MULTIPLE:g} x this run's running gap {baseline:.3g}, at least a tenth of the default"

@@ -6,9 +6,13 @@ A checkpoint is the folder ``output_dir/checkpoint-{global_step}`` holding
   the run (``run_id`` of the run folder's ``run.json``, and when it was written);
 - ``agent_{i}/policy.pt`` and ``agent_{i}/optimizer.pt``: each agent's weights (policy
   ``state_dict``) and optimizer state, plus ``agent_{i}/reference.pt`` with reference KL;
-- ``rng.pt``: Python, NumPy, torch (and CUDA) RNG states and the policies' own generators;
+- ``rng.pt``: Python, NumPy, torch (and CUDA) RNG states, the policies' own generators and the
+  envs' item generators;
 - ``buffers.pt``: the per-agent rollout buffers, the metrics not yet logged and the rest of an
   update (and of its batch) that ``max_steps`` cut;
+- under torchrun those two are each rank's own: rank 0's at the top, rank r's in ``rank_<r>/``
+  (``trainer_state.json`` records the number of ranks; :func:`load` gives each rank its own, and
+  refuses another number of ranks unless no rank's buffers hold a sample);
 - ``{name}.pt`` for each of the trainer's ``checkpoint_extras()`` (actor-critic: ``critic_{i}.pt``
   and ``critic_{i}_optimizer.pt``);
 - ``manifest.json``, written last: the size and SHA-256 of every other file.
@@ -43,6 +47,7 @@ from typing import Any
 
 import torch
 
+from llm_marl.learners.staleness import sampler_marks
 from llm_marl.policies.weight_changes import weights_changed
 from llm_marl.runs import run_folder
 from llm_marl.runs.rng import restore_rng, rng_state
@@ -150,12 +155,16 @@ def rank_folder(rank: int) -> str:
 def _save_rank_state(trainer: Any, folder: str) -> None:
     """What is this rank's own into ``folder``: ``rng.pt`` (Python, NumPy, torch, the policies'
     and the envs' generators) and ``buffers.pt`` (the rollout buffers, the metrics not yet
-    logged, the rest of an update and of its batch that ``max_steps`` cut)."""
+    logged, the rest of an update and of its batch that ``max_steps`` cut, and with samples held
+    the marks that re-own them on resume, llm_marl/learners/staleness.py)."""
     os.makedirs(folder, exist_ok=True)
     torch.save(rng_state(trainer.policies, _envs(trainer)), os.path.join(folder, "rng.pt"))
+    plan, unfinished = getattr(trainer, "_update_plan", None), _cut_batch(trainer)
+    held = plan is not None or unfinished is not None or any(len(b) for b in trainer.buffers.values())
     torch.save(
         {"buffers": {a: list(b.samples) for a, b in trainer.buffers.items()}, "pending": trainer._pending,
-         "update_plan": getattr(trainer, "_update_plan", None), "unfinished": _cut_batch(trainer)},
+         "update_plan": plan, "unfinished": unfinished,
+         "samplers": sampler_marks(trainer.policies) if held else None},
         os.path.join(folder, "buffers.pt"),
     )
 
@@ -348,6 +357,7 @@ def load(trainer: Any, path: str) -> None:
     # belongs to the state replaced here
     trainer._update_plan = extra.get("update_plan")
     trainer._unfinished = extra.get("unfinished")
+    trainer._restored_samplers = extra.get("samplers")  # re-owned once train() has set the weights (staleness.py)
     fields = {f.name for f in dataclasses.fields(trainer.state)}
     trainer.state = type(trainer.state)(**{k: v for k, v in saved["state"].items() if k in fields})
     trainer.resumed_from = {"checkpoint": path, "batch_step": trainer.state.batch_step}  # the command's summary reads it
