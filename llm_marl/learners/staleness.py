@@ -33,7 +33,7 @@ from typing import Any, Iterable, Sequence
 from llm_marl.policies.base import SESSION
 from llm_marl.policies.weight_changes import epoch, weights_epoch
 
-__all__ = ["SamplerStalenessError", "WeightVersions", "STALENESS_CAUSES"]
+__all__ = ["SamplerStalenessError", "StalenessChecks", "WeightVersions", "STALENESS_CAUSES"]
 
 STALENESS_CAUSES = (
     "the sampler drew with weights older than the ones being trained: a sampling copy (bf16 shadow, packed "
@@ -114,3 +114,55 @@ def restamp(samples: Iterable[Any], marks: dict[str, Any], policies: dict[str, A
                 completion = dataclasses.replace(completion, sampler=record)
             completions.append(completion)
         sample.completions[:] = completions
+
+
+class StalenessChecks:
+    """The staleness half of a trainer's update (mixed into
+    :class:`~llm_marl.learners.update.JointUpdate`). Needs ``agents``, ``policies``, ``trainable``,
+    ``buffers``, ``dist``, ``state`` and ``_note``."""
+
+    on_policy = True
+    """Whether every answer must be drawn by the agent's weights in place: a nonzero
+    ``train/<agent>/sampler_staleness`` stops the run."""
+
+    @property
+    def weight_versions(self) -> WeightVersions:
+        """Each agent's weight versions in this process."""
+        return self.__dict__.setdefault("_weight_versions", WeightVersions())
+
+    def _weights_set(self) -> None:
+        """At ``train()``'s start, after a load: every rank takes rank 0's weights, every agent's
+        version is 0, and a checkpoint's buffered answers are re-owned (:func:`restamp`)."""
+        for agent in self.agents:
+            self.dist.broadcast_parameters(self.trainable[agent])
+            self.weight_versions.restart(agent, self.policies[agent].parameters())
+        marks = self.__dict__.pop("_restored_samplers", None)
+        if marks is not None:
+            plan = getattr(self, "_update_plan", None) or {}
+            unfinished = getattr(self, "_unfinished", None)
+            samples = [s for b in self.buffers.values() for s in b.samples]
+            samples += [s for batches in plan.get("batches", {}).values() for batch in batches for s in batch]
+            samples += list(getattr(unfinished, "samples", [])) + list(getattr(unfinished, "rest", []))
+            restamp(samples, marks, self.policies)
+
+    def sampler_marks(self) -> dict[str, Any]:
+        """What a checkpoint keeps to re-own its buffered answers (:func:`sampler_marks`)."""
+        return sampler_marks(self.policies)
+
+    def _check_sampler_staleness(self, step: dict[str, list[Any]]) -> None:
+        """Log each agent's ``train/<agent>/sampler_staleness``: the most optimizer steps by which
+        the weights that drew any of its answers in ``step`` lagged behind its trained weights when
+        they were drawn (distributed: the most of any rank). Nonzero for an :attr:`on_policy`
+        learner raises :class:`SamplerStalenessError` (no agent is updated)."""
+        for agent in step:
+            lag = self.weight_versions.lag(agent, step[agent])
+            lag = self.dist.max(-1 if lag is None else lag)
+            if lag < 0:
+                continue
+            self._note(f"train/{agent}/sampler_staleness", float(lag))
+            if lag and self.on_policy:
+                raise SamplerStalenessError(
+                    f"agent {agent!r}, optimizer step {self.state.global_step + 1}: answers drawn with weights {lag} "
+                    f"optimizer step(s) older than the agent's trained weights at the time (train/{agent}/sampler_staleness "
+                    f"= {lag}; an on-policy learner needs 0); {STALENESS_CAUSES}"
+                )

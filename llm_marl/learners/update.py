@@ -22,7 +22,7 @@ import torch
 
 from llm_marl.advantages import sample_losses
 from llm_marl.learners.buffer import Sample
-from llm_marl.learners.staleness import STALENESS_CAUSES, SamplerStalenessError, WeightVersions, restamp
+from llm_marl.learners.staleness import SamplerStalenessError, StalenessChecks
 from llm_marl.learners.tree import ask_team
 from llm_marl.policies.base import GAP_BASELINE_MULTIPLE, Policy, calibrated_threshold, gap_baseline
 from llm_marl.policies.weight_changes import optimizer_parameters, weights_changed
@@ -85,7 +85,7 @@ class _Backward:
 
 
 
-class JointUpdate:
+class JointUpdate(StalenessChecks):
     """The update half of a trainer (module docstring). Needs ``args``, ``agents``, ``policies``,
     ``buffers``, ``optimizers``, ``trainable``, ``dist``, ``state`` and ``_note``/``_last_good``."""
 
@@ -94,28 +94,6 @@ class JointUpdate:
 
     _update_plan: dict | None = None
     """The rest of an update that ``max_steps`` cut (its mini-batches, counts, next index), or None."""
-
-    on_policy = True
-    """Whether every answer must be drawn by the weights the update starts from: a nonzero
-    ``train/<agent>/sampler_staleness`` stops the run (llm_marl/learners/staleness.py)."""
-
-    @property
-    def weight_versions(self) -> WeightVersions:
-        """Each agent's weight versions in this process (staleness.py)."""
-        return self.__dict__.setdefault("_weight_versions", WeightVersions())
-
-    def _weights_set(self) -> None:
-        """``train()`` has loaded and broadcast the weights: every agent's version 0."""
-        for agent in self.agents:
-            self.weight_versions.restart(agent, self.policies[agent].parameters())
-        marks = self.__dict__.pop("_restored_samplers", None)
-        if marks is not None:  # a checkpoint's answers: re-owned by this run's policies
-            plan = getattr(self, "_update_plan", None) or {}
-            unfinished = getattr(self, "_unfinished", None)
-            samples = [s for b in self.buffers.values() for s in b.samples]
-            samples += [s for batches in plan.get("batches", {}).values() for batch in batches for s in batch]
-            samples += list(getattr(unfinished, "samples", [])) + list(getattr(unfinished, "rest", []))
-            restamp(samples, marks, self.policies)
 
     def _update_cut(self) -> bool:
         """Whether the last update stopped at ``max_steps`` with mini-batches left."""
@@ -250,24 +228,6 @@ class JointUpdate:
             optimizer.zero_grad(set_to_none=True)
             self._note(f"train/{name}/loss", result.loss)
             self._note(f"train/{name}/grad_norm", result.grad_norm)
-
-    def _check_sampler_staleness(self, step: Mapping[str, list[Sample]]) -> None:
-        """Log each agent's ``train/<agent>/sampler_staleness``: the most optimizer steps by which
-        the weights that drew any of its answers in ``step`` lagged behind its trained weights when
-        they were drawn (staleness.py; distributed: the most of any rank). Nonzero for an
-        :attr:`on_policy` learner raises :class:`SamplerStalenessError` (no agent is updated)."""
-        for agent in step:
-            lag = self.weight_versions.lag(agent, step[agent])
-            lag = self.dist.max(-1 if lag is None else lag)
-            if lag < 0:
-                continue
-            self._note(f"train/{agent}/sampler_staleness", float(lag))
-            if lag and self.on_policy:
-                raise SamplerStalenessError(
-                    f"agent {agent!r}, optimizer step {self.state.global_step + 1}: answers drawn with weights {lag} "
-                    f"optimizer step(s) older than the agent's trained weights at the time (train/{agent}/sampler_staleness "
-                    f"= {lag}; an on-policy learner needs 0); {STALENESS_CAUSES}"
-                )
 
     def _check_sampler_gaps(self, agents: Sequence[str]) -> None:
         """Log each agent's ``train/<agent>/sampler_gap`` (mean |log p_sampler - log p_scorer| per

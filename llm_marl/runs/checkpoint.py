@@ -47,7 +47,6 @@ from typing import Any
 
 import torch
 
-from llm_marl.learners.staleness import sampler_marks
 from llm_marl.policies.weight_changes import weights_changed
 from llm_marl.runs import run_folder
 from llm_marl.runs.rng import restore_rng, rng_state
@@ -164,7 +163,7 @@ def _save_rank_state(trainer: Any, folder: str) -> None:
     torch.save(
         {"buffers": {a: list(b.samples) for a, b in trainer.buffers.items()}, "pending": trainer._pending,
          "update_plan": plan, "unfinished": unfinished,
-         "samplers": sampler_marks(trainer.policies) if held else None},
+         "samplers": trainer.sampler_marks() if held and hasattr(trainer, "sampler_marks") else None},
         os.path.join(folder, "buffers.pt"),
     )
 

@@ -209,9 +209,7 @@ class MAGRPOTrainer(JointUpdate):
         if path is not None:
             checkpoint.load(self, path)  # a batch max_steps cut was recorded and evaluated: it is finished, not redone
             self.recorder.purge(self.state.batch_step + (self._unfinished is not None))
-        for agent in self.agents:
-            self.dist.broadcast_parameters(self.trainable[agent])
-        self._weights_set()  # every agent's weight version 0 (staleness.py)
+        self._weights_set()  # rank 0's weights on every rank; every agent's weight version 0 (staleness.py)
         self.logger = RunLogger(
             args.output_dir if self.dist.is_main else None,
             purge_step=self.state.batch_step + (self._unfinished is not None) if resume_from_checkpoint else None,
