@@ -131,11 +131,16 @@ class StalenessChecks:
         return self.__dict__.setdefault("_weight_versions", WeightVersions())
 
     def _weights_set(self) -> None:
-        """At ``train()``'s start, after a load: every rank takes rank 0's weights, every agent's
-        version is 0, and a checkpoint's buffered answers are re-owned (:func:`restamp`)."""
+        """At ``train()``'s start, after a load: every rank takes rank 0's weights and every
+        agent's version is 0."""
         for agent in self.agents:
             self.dist.broadcast_parameters(self.trainable[agent])
             self.weight_versions.restart(agent, self.policies[agent].parameters())
+
+    def _reown_restored(self) -> None:
+        """Before the first optimizer step after a resume: the checkpoint's buffered answers are
+        re-owned (:func:`restamp`). Not earlier: a resumed run that trains nothing re-saves its
+        checkpoint byte for byte (its marks and answers as loaded)."""
         marks = self.__dict__.pop("_restored_samplers", None)
         if marks is not None:
             plan = getattr(self, "_update_plan", None) or {}
@@ -146,8 +151,9 @@ class StalenessChecks:
             restamp(samples, marks, self.policies)
 
     def sampler_marks(self) -> dict[str, Any]:
-        """What a checkpoint keeps to re-own its buffered answers (:func:`sampler_marks`)."""
-        return sampler_marks(self.policies)
+        """What a checkpoint keeps to re-own its buffered answers (:func:`sampler_marks`; the
+        loaded ones while they are not re-owned yet)."""
+        return self.__dict__.get("_restored_samplers") or sampler_marks(self.policies)
 
     def _check_sampler_staleness(self, step: dict[str, list[Any]]) -> None:
         """Log each agent's ``train/<agent>/sampler_staleness``: the most optimizer steps by which

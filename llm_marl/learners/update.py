@@ -147,6 +147,7 @@ class JointUpdate(StalenessChecks):
         out of samples contributes zero gradient. parallel_training="mp": agents are scored
         concurrently, each on its own device.
         """
+        self._reown_restored()  # a resume's buffered answers, the cut update's included
         plan, self._update_plan = getattr(self, "_update_plan", None), None
         if plan is not None:  # the rest of an update that max_steps cut: its mini-batches as planned then
             batches, counts, first = plan["batches"], plan["counts"], plan["next"]
@@ -184,6 +185,7 @@ class JointUpdate(StalenessChecks):
 
     def _joint_optimizer_step(self, step: dict[str, list[Sample]]) -> None:
         """One optimizer step of every agent in ``step`` (agent -> mini-batch), or of none."""
+        self._reown_restored()
         agents = list(step)
         concurrent = self.args.parallel_training == "mp" and not self.dist.enabled and len(agents) > 1
         results: list[_Backward] = []

@@ -306,6 +306,7 @@ class MAGRPOTrainer(JointUpdate):
     def _train_batch(self, indices: list[int]) -> None:
         """Roll out the items ``indices``, buffer their samples and update whenever the buffers are full. A batch whose
         update raises or stops at ``max_steps`` is kept (:class:`_UnfinishedBatch`): the next call finishes it."""
+        self._reown_restored()  # a resume's buffered answers, its cut batch's included (staleness.py)
         unfinished, self._unfinished = self._unfinished, None
         if unfinished is not None and unfinished.batch_step == self.state.batch_step:
             if self._update_or_keep(unfinished):
