@@ -522,7 +522,8 @@ def cmd_train(ns: argparse.Namespace, argv: Sequence[str]) -> int:
         options["overwrite_output_dir"] = True
         if not run_folder.is_empty(out):  # now, before the evaluation that precedes training writes anything
             print(f"llm-marl: moved the previous contents of {out} aside to {run_folder.move_aside(out)}")
-    if not resume and not options.get("overwrite_output_dir") and not run_folder.is_empty(out):
+    main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun rank 0 judges the folder (the others may find its first files)
+    if not resume and not options.get("overwrite_output_dir") and not run_folder.is_empty(out) and main_rank:
         raise UsageError(run_folder.refusal(out))
     if resume is True and not checkpoint.list_checkpoints(out):
         raise UsageError(f"nothing to resume in {out}: it holds no checkpoint (start the run without --resume)")

@@ -181,7 +181,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "resume does not restore the RNG states",
         "llm_marl/runs/checkpoint.py",
-        '    restore_rng(trainer.policies, torch.load(os.path.join(path, "rng.pt"), weights_only=False))\n',
+        '    restore_rng(trainer.policies, torch.load(os.path.join(own, "rng.pt"), weights_only=False), _envs(trainer))\n',
         "",
         ("tests/test_reliability.py::test_stop_resume_equals_uninterrupted", "tests/test_reliability_lm.py::test_lm_stop_resume_equals_uninterrupted"),
     ),
@@ -718,7 +718,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "an update steps past max_steps (issue 34.7, every learner)",
         "llm_marl/learners/update.py",
-        "            if self._reached_max_steps() and not self.dist.enabled:  # the rest stays planned",
+        "            if self._reached_max_steps():  # the rest stays planned",
         "            if False:  # the rest stays planned",
         ("tests/test_max_steps.py::test_stops_at_exactly_max_steps[magrpo]", "tests/test_max_steps.py::test_stops_at_exactly_max_steps[iac]"),
     ),
@@ -732,8 +732,8 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "a checkpoint forgets the batch that max_steps cut (resume collects it again)",
         "llm_marl/runs/checkpoint.py",
-        '"unfinished": _cut_batch(trainer)}',
-        '"unfinished": None}',
+        "    plan, unfinished = getattr(trainer, \"_update_plan\", None), _cut_batch(trainer)\n",
+        "    plan, unfinished = getattr(trainer, \"_update_plan\", None), None\n",
         ("tests/test_max_steps.py::test_stopped_then_resumed_equals_uninterrupted[magrpo]",),
     ),
     Mutant(
@@ -1069,6 +1069,20 @@ MUTANTS: list[Mutant] = [
         "text, row.finish = text[:cut], \"stop\"",
         "row.finish = \"stop\"",
         ("tests/test_serve.py::test_stop_cuts_the_answer_before_the_stop_string",),
+    ),
+    Mutant(
+        "every rank resumes rank 0's buffers and generators (issue 43)",
+        "llm_marl/runs/checkpoint.py",
+        "        return os.path.join(path, rank_folder(dist.rank))\n",
+        "        return path\n",
+        ("tests/test_distributed_resume.py::test_two_ranks_stopped_with_partly_filled_buffers_resume_exactly",),
+    ),
+    Mutant(
+        "an answer drawn by older weights counts as fresh (sampler_staleness always 0, issue 43)",
+        "llm_marl/learners/staleness.py",
+        "self.version(agent, record.epoch) - self.version(agent, record.weights))",
+        "0)",
+        ("tests/test_sampler_staleness.py::test_a_sampler_one_step_behind_stops_an_on_policy_run",),
     ),
 ]
 

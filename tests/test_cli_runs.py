@@ -233,6 +233,8 @@ def test_ctrl_c_while_the_command_still_loads_torch_is_a_clean_exit(tmp_path):
     process = subprocess.Popen(
         [sys.executable, "-X", "importtime", "-m", "llm_marl.cli", "train", *CLIMB, "--output_dir", str(tmp_path / "r")],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # a terminal's Ctrl-C: Python's handler, even where the suite runs with SIGINT ignored (nohup ... &)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     seen = []
     for line in process.stderr:

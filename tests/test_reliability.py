@@ -272,3 +272,31 @@ def test_config_that_does_not_match_env():
 def test_empty_dataset_is_named():
     with pytest.raises(ValueError, match="split 'train' has no rows"):
         DialogueEnv(ColourMatch(num_items=0))
+
+
+def test_resume_restores_the_envs_item_generators(tmp_path):
+    # a new env draws its item generator from fresh entropy; the resumed run continues the saved one
+    first = make_trainer(tmp_path, max_steps=3)
+    first.train()
+    drawn = {name: getattr(first, name)._np_random.bit_generator.state for name in ("env", "eval_env")}
+    resumed = make_trainer(tmp_path, max_steps=3)
+    assert resumed.env._np_random.bit_generator.state != drawn["env"]
+    resumed.train(resume_from_checkpoint=True)
+    assert {name: getattr(resumed, name)._np_random.bit_generator.state for name in ("env", "eval_env")} == drawn
+
+
+def test_a_batch_cut_by_max_steps_and_resumed_logs_every_key_of_its_row(tmp_path):
+    # Tiny Hanabi: player_0's update ends at step 1, player_1's update of the same batch is cut
+    # before its first step; resumed, those restored answers are the run's own again, so the row
+    # has train/player_1/sampler_gap (and sampler_staleness) as the uninterrupted run's does
+    from llm_marl import cli
+
+    base = ["train", "--env", "TinyHanabi-A-v0", "--policy", "tabular", "--actions", "0,1,2", "--num_generations", "2",
+            "--items_per_step", "2", "--rollout_buffer_size", "2", "--train_batch_size", "1", "--train_items", "4",
+            "--num_train_epochs", "1", "--logging_steps", "1", "--threads", "1", "--seed", "0", "--eval_interval", "0"]
+    assert cli.main(base + ["--output_dir", str(tmp_path / "full")]) == 0
+    assert cli.main(base + ["--output_dir", str(tmp_path / "split"), "--max_steps", "1"]) == 0
+    assert cli.main(base + ["--output_dir", str(tmp_path / "split"), "--resume"]) == 0
+    full, split = metrics_lines(tmp_path / "full"), metrics_lines(tmp_path / "split")
+    assert "train/player_1/sampler_gap" in full[0] and "train/player_1/sampler_staleness" in full[0]
+    assert split == full

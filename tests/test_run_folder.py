@@ -139,8 +139,17 @@ def test_resuming_a_finished_run_re_saves_its_last_checkpoint_without_a_copy(tmp
     assert sorted(p.name for p in steps.iterdir() if p.name.startswith(("checkpoint-", "."))) == [f"checkpoint-{i}" for i in (1, 2, 3)]
 
 
+@pytest.fixture
+def python_sigint():
+    """SIGINT as a plain Python process has it (KeyboardInterrupt), whatever the suite inherited:
+    started in the background (``nohup ... &``) it arrives ignored, and training keeps it so."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_signal_stops_after_the_batch_with_a_checkpoint(tmp_path, signum, code):
+def test_a_signal_stops_after_the_batch_with_a_checkpoint(tmp_path, signum, code, python_sigint):
     run = trainer(tmp_path / "run", num_train_epochs=6)
     original = run.env.task.rewards
     calls = []

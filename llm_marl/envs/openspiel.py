@@ -240,7 +240,10 @@ class OpenSpielEnv(ParallelEnv):
         if seed is not None:
             self._np_random, self._np_random_seed = seeding.np_random(seed)
         if index is None:
-            index = int(self._np_random.integers(self.num_items))
+            # Never draw from self._np_random in place: forks share that object (see fork()).
+            rng = copy.deepcopy(self._np_random)
+            index = int(rng.integers(self.num_items))
+            self._np_random = rng
         self.item_index = int(index)
         self.state = self.game.new_initial_state()
         self._resolve_chance()
@@ -316,6 +319,8 @@ class OpenSpielEnv(ParallelEnv):
         twin.agents = list(self.agents)
         twin.state = None if self.state is None else self.state.clone()
         twin._returns = self._returns.copy()
+        # The twin shares the item generator object: reset never draws from it in place (it draws
+        # from a copy and keeps that), so each fork continues a copy of the original's state.
         return twin
 
     # --- moves ----------------------------------------------------------------------------------

@@ -22,13 +22,14 @@ import torch
 
 from llm_marl.advantages import answer_entropies, sample_losses
 from llm_marl.learners.buffer import Sample
+from llm_marl.learners.staleness import SamplerStalenessError, StalenessChecks
 from llm_marl.learners.tree import ask_team
-from llm_marl.policies.base import Policy, take_token_entropy
+from llm_marl.policies.base import GAP_BASELINE_MULTIPLE, Policy, calibrated_threshold, gap_baseline, take_token_entropy
 from llm_marl.policies.weight_changes import optimizer_parameters, weights_changed
 from llm_marl.runs.fsdp import grad_norm as sharded_grad_norm
 from llm_marl.runs.fsdp import is_sharded
 
-__all__ = ["JointUpdate", "SamplerGapError", "default_optimizer"]
+__all__ = ["JointUpdate", "SamplerGapError", "SamplerStalenessError", "default_optimizer"]
 
 GAP_CAUSES = (
     "likely causes: a sampling copy not refreshed after a weight change (bf16 shadow, packed weights; "
@@ -84,7 +85,7 @@ class _Backward:
 
 
 
-class JointUpdate:
+class JointUpdate(StalenessChecks):
     """The update half of a trainer (module docstring). Needs ``args``, ``agents``, ``policies``,
     ``buffers``, ``optimizers``, ``trainable``, ``dist``, ``state`` and ``_note``/``_last_good``."""
 
@@ -139,13 +140,14 @@ class JointUpdate:
         ``max_steps`` is checked before every optimizer step: reached, the update stops there and
         its remaining mini-batches, cut as they were (advantages whitened over the whole buffer
         included), are kept in ``_update_plan`` (checkpointed); the next call finishes them first,
-        so a run stopped at ``max_steps`` and continued equals one that never stopped. Distributed
-        runs still stop after the update (a checkpoint holds rank 0's buffers only).
+        so a run stopped at ``max_steps`` and continued equals one that never stopped (distributed:
+        every rank stops at the same step and its checkpoint keeps each rank's own rest).
 
         Distributed: every rank takes the same number of steps (the most any rank needs); a rank
         out of samples contributes zero gradient. parallel_training="mp": agents are scored
         concurrently, each on its own device.
         """
+        self._reown_restored()  # a resume's buffered answers, the cut update's included
         plan, self._update_plan = getattr(self, "_update_plan", None), None
         if plan is not None:  # the rest of an update that max_steps cut: its mini-batches as planned then
             batches, counts, first = plan["batches"], plan["counts"], plan["next"]
@@ -163,7 +165,7 @@ class JointUpdate:
             counts = {agent: self.dist.max(len(batches[agent])) for agent in self.agent_ids}
             first = 0
         for i in range(first, max(counts.values())):
-            if self._reached_max_steps() and not self.dist.enabled:  # the rest stays planned (checkpointed) for the next call
+            if self._reached_max_steps():  # the rest stays planned (each rank's, checkpointed) for the next call
                 self._update_plan = {"batches": batches, "counts": counts, "next": i}
                 return
             step = {
@@ -183,6 +185,7 @@ class JointUpdate:
 
     def _joint_optimizer_step(self, step: dict[str, list[Sample]]) -> None:
         """One optimizer step of every agent in ``step`` (agent -> mini-batch), or of none."""
+        self._reown_restored()
         agents = list(step)
         concurrent = self.args.parallel_training == "mp" and not self.dist.enabled and len(agents) > 1
         results: list[_Backward] = []
@@ -199,6 +202,7 @@ class JointUpdate:
                         break
             failed = next((r.error for r in results if r.error), None)
             if not failed:
+                self._check_sampler_staleness(step)
                 self._check_sampler_gaps(agents)
                 others = self._other_backwards(step)
                 failed = next((r.error for _, _, r in others if r.error), None)
@@ -214,6 +218,7 @@ class JointUpdate:
         for agent, result in zip(agents, results):
             self.optimizer_by_agent[agent].step()
             weights_changed(optimizer_parameters(self.optimizer_by_agent[agent]))  # whatever the optimizer
+            self.weight_versions.advance(agent, self.policies[agent].parameters())
             self.optimizer_by_agent[agent].zero_grad(set_to_none=True)
             self._note(f"train/{agent}/loss", result.loss)
             self._note(f"train/{agent}/grad_norm", result.grad_norm)
@@ -229,8 +234,9 @@ class JointUpdate:
     def _check_sampler_gaps(self, agents: Sequence[str]) -> None:
         """Log each agent's ``train/<agent>/sampler_gap`` (mean |log p_sampler - log p_scorer| per
         token of the answers scored for this step that it sampled with the same weights; see
-        :class:`~llm_marl.policies.base.GapMeter`). Past the sampler dtype's default threshold it
-        warns once per agent; past ``max_sampler_gap`` it raises :class:`SamplerGapError` (no agent
+        :class:`~llm_marl.policies.base.GapMeter`). Past a threshold calibrated on the run's first
+        measured gap (:func:`~llm_marl.policies.base.calibrated_threshold`: a multiple of it, at most
+        the sampler dtype's default) it warns once per agent; past ``max_sampler_gap`` it raises :class:`SamplerGapError` (no agent
         is updated). Distributed: the ranks' tokens are pooled, so every rank decides alike."""
         limit = getattr(self.args, "max_sampler_gap", None)
         for agent in agents:
@@ -244,16 +250,22 @@ class JointUpdate:
                 continue
             gap = total / tokens
             self._note(f"train/{agent}/sampler_gap", gap)
+            baselines = self.__dict__.setdefault("_gap_baselines", {})
+            baseline = baselines.get(agent)  # the run's gaps so far (policies/base.py)
+            threshold = calibrated_threshold(meter.threshold, baseline)
             where = (
                 f"agent {agent!r}, optimizer step {self.state.global_step + 1}: the sampled tokens' log-probs "
                 f"differ from the scorer's by {gap:.3g} per token (mean |delta| over {tokens} tokens, {meter.dtype} sampler)"
             )
             if limit is not None and gap > limit:
                 raise SamplerGapError(f"{where}, past max_sampler_gap={limit:g}; {GAP_CAUSES}")
-            if gap > meter.threshold:
+            if gap <= threshold:
+                baselines[agent] = gap_baseline(baseline, gap)  # a gap past it does not raise the bar
+            else:
                 self._warn_once(
                     f"sampler_gap/{agent}",
-                    f"{where}, past the default threshold {meter.threshold:g} for {meter.dtype} sampling: the answers "
+                    f"{where}, past the threshold {threshold:g} ({_calibration(baseline)}, at most the default "
+                    f"{meter.threshold:g} for {meter.dtype} sampling): the answers "
                     f"are not quite drawn from the policy being trained; {GAP_CAUSES}. max_sampler_gap stops a run instead",
                 )
 
@@ -415,3 +427,8 @@ def _score_batches(
     return scored
 
 
+
+def _calibration(baseline: float | None) -> str:
+    if baseline is None:
+        return "the default: the first measured step"
+    return f"{GAP_BASELINE_MULTIPLE:g} x this run's running gap {baseline:.3g}, at least a tenth of the default"

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Iterator, Protocol, Sequence, runtime_checkabl
 
 import torch
 
-from llm_marl.policies.weight_changes import epoch, last_change
+from llm_marl.policies.weight_changes import epoch, last_change, weights_epoch
 
 
 @dataclass(frozen=True)
@@ -29,6 +29,11 @@ class SamplerRecord:
     log_probs: tuple[float, ...]
     """Per token, the sampler's log-probability of the drawn token under its temperature-scaled
     (score temperature), untruncated distribution: what the scorer computes for the same token."""
+    weights: int | None = None
+    """The version of the weights that drew it: the change epoch of the newest notice its sampling
+    weights held (:func:`~llm_marl.policies.weight_changes.weights_epoch`; a sampling copy's: of
+    the weights it last copied). The trainers count the optimizer steps between it and the
+    weights they train (``train/<agent>/sampler_staleness``). None: not known."""
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,28 @@ scorer by kernel rounding, ~1e-5 per token on SmolLM2-135M (packed fp32 weights:
 order, same size); bf16 sampling by ~4e-2 on SmolLM2-135M-Instruct (5e-3 on random weights).
 Each threshold leaves a margin of about 4x (bf16) to 100x (fp32) over those; a stale sampling
 copy or dropout in scoring is off by 0.1-1 nats per token."""
+
+GAP_BASELINE_MULTIPLE = 4.0
+"""The warning threshold of an agent's sampler gap is this multiple of the gap the run measured so
+far (:func:`gap_baseline`), between a tenth of the dtype's default threshold and that default
+(:func:`calibrated_threshold`). A healthy bf16 gap grows slowly as the policy sharpens (0.003 to
+0.045 per token over 9 steps of the tiny model at lr 0.05, at most 2.1x from one step to the
+next); a sampler one optimizer step behind jumps to 10-20x the healthy gap at once."""
+
+
+def gap_baseline(previous: float | None, gap: float) -> float:
+    """The running baseline after a step that measured ``gap``: the mean of ``previous`` and
+    ``gap`` (a moving average whose weight halves each step), or ``gap`` first."""
+    return gap if previous is None else (previous + gap) / 2
+
+
+def calibrated_threshold(default: float, baseline: float | None) -> float:
+    """The gap warning threshold against running baseline ``baseline``:
+    ``GAP_BASELINE_MULTIPLE × baseline``, at least ``default / 10`` (a step's gap over a few
+    tokens is noisy), at most ``default``; ``baseline`` None (nothing measured yet): ``default``."""
+    if baseline is None:
+        return default
+    return min(default, max(GAP_BASELINE_MULTIPLE * baseline, default / 10))
 
 
 class GapMeter:
@@ -113,9 +140,12 @@ class GapMeter:
         return DEFAULT_GAP_THRESHOLDS.get(self.dtype, DEFAULT_GAP_THRESHOLDS["float32"])
 
 
-def sampler_record(owner: Any, log_probs: Sequence[float]) -> SamplerRecord:
-    """A :class:`SamplerRecord` of an answer ``owner`` draws now."""
-    return SamplerRecord((SESSION, id(owner)), epoch(), tuple(float(v) if math.isfinite(v) else -1e30 for v in log_probs))
+def sampler_record(owner: Any, log_probs: Sequence[float], weights: int | None = None) -> SamplerRecord:
+    """A :class:`SamplerRecord` of an answer ``owner`` draws now; ``weights``: the version of the
+    weights it was drawn with (None: ``owner``'s own parameters', it sampled with them)."""
+    if weights is None and hasattr(owner, "parameters"):
+        weights = weights_epoch(owner.parameters())
+    return SamplerRecord((SESSION, id(owner)), epoch(), tuple(float(v) if math.isfinite(v) else -1e30 for v in log_probs), weights)
 
 
 @runtime_checkable

@@ -487,11 +487,14 @@ class CausalLMPolicy:
         """The runner the decode loop samples with: :attr:`runner`, or with ``sample_dtype`` set
         (and not the model's dtype) that of a refreshed copy of the weights in that dtype."""
         dtype = getattr(torch, self.sample_dtype) if self.sample_dtype else None
+        self._sampled_with = None  # the sampled answers' weights: their owner's own
         if dtype is None or all(p.dtype == dtype for p in self.model.parameters() if p.is_floating_point()):
             return self.runner
         if self._shadow is None or self._shadow.dtype != dtype or self._shadow.source is not self.model:
             self._shadow = LowPrecisionShadow(self.model, dtype, self._make_runner)
-        return self._shadow.current()
+        runner = self._shadow.current()
+        self._sampled_with = self._shadow.weights  # the copy's version, for the answers' records
+        return runner
 
     @classmethod
     def from_pretrained(
@@ -670,7 +673,8 @@ class CausalLMPolicy:
         if owners is None or seen is None:
             return [Completion(text=text, token_ids=tuple(ids)) for text, ids in zip(texts, cut)]
         return [
-            Completion(text=text, token_ids=tuple(ids), sampler=None if owner is None else sampler_record(owner, seen[row][: len(ids)]))
+            Completion(text=text, token_ids=tuple(ids),
+                       sampler=None if owner is None else sampler_record(owner, seen[row][: len(ids)], getattr(self, "_sampled_with", None)))
             for row, (text, ids, owner) in enumerate(zip(texts, cut, owners))
         ]
 

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 
 import torch
 
-from llm_marl.policies.weight_changes import epoch, last_change, weights_changed
+from llm_marl.policies.weight_changes import epoch, last_change, weights_changed, weights_epoch
 
 __all__ = ["LowPrecisionShadow", "ModelRunner", "context_length", "dense_head_inputs", "model_name"]
 
@@ -206,6 +206,8 @@ class LowPrecisionShadow:
         self._ids = [id(p) for p, _ in pairs]
         self._stamps = [self._stamp(p) for p, _ in pairs]
         self._epoch = epoch()
+        self.weights = weights_epoch(self.source.parameters())
+        """The version of the weights the copy holds (the samplers' records carry it)."""
         self.runner = self.make_runner(self.model)
         self.rebuilds += 1
 
@@ -234,6 +236,7 @@ class LowPrecisionShadow:
                     self._stamps[index] = stamp
                     refreshed += 1
         self.refreshed = refreshed
+        self.weights = weights_epoch(p for p, _ in self._pairs)
         if copied:
             weights_changed(copied)  # packs made of the copy's weights are stale now
         return self.runner

@@ -207,9 +207,12 @@ class AdapterPolicy(CausalLMPolicy):
     def _sampling_runner(self) -> ModelRunner:
         """The team's sampling runner (:meth:`LoRATeam.sampling_runner`); ``model.generate``
         (``use_hf_generate``) always runs on the model itself."""
+        self._sampled_with = None
         if self.use_hf_generate or self.generation_kwargs:
             return self.runner
-        return self.team.sampling_runner(self.sample_dtype)
+        runner = self.team.sampling_runner(self.sample_dtype)
+        self._sampled_with = self.team.sampled_with  # the answers' weights version (None: the adapters' own)
+        return runner
 
     def sample(self, observations: Sequence[str], num_samples: int) -> list[list[Completion]]:
         if self.use_hf_generate or self.generation_kwargs:
@@ -324,11 +327,15 @@ class LoRATeam:
         is not every parameter's dtype a :class:`TeamRunner` over a copy of the model in that
         dtype, refreshed from the current weights (only changed parameters are copied)."""
         dtype = _dtype(sample_dtype) if sample_dtype else None
+        self.sampled_with: int | None = None
+        """The version of the weights the last runner returned holds (None: the model's own)."""
         if dtype is None or all(p.dtype == dtype for p in self.model.parameters() if p.is_floating_point()):
             return self.runner
         if self._shadow is None or self._shadow.dtype != dtype:
             self._shadow = LowPrecisionShadow(self.model, dtype, TeamRunner)
-        return self._shadow.current()
+        runner = self._shadow.current()
+        self.sampled_with = self._shadow.weights
+        return runner
 
     # ------------------------------------------------------------------ construction
 

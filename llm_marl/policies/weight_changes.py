@@ -30,7 +30,7 @@ from typing import Any, Iterable
 
 import torch
 
-__all__ = ["epoch", "last_change", "weights_changed"]
+__all__ = ["epoch", "last_change", "weights_changed", "weights_epoch"]
 
 _COUNTER = itertools.count(1)
 _NOW = 0
@@ -60,6 +60,13 @@ def weights_changed(tensors: Iterable[torch.Tensor] | None = None) -> int:
 def last_change(tensor: torch.Tensor) -> int:
     """The epoch of the newest notice covering ``tensor`` (0: none since the process started)."""
     return max(_CHANGED.get(id(tensor), 0), _EVERYTHING)
+
+
+def weights_epoch(tensors: Iterable[torch.Tensor]) -> int:
+    """The epoch of the newest notice covering any of ``tensors``: which weights they hold. A
+    sampler records it with every answer (:class:`~llm_marl.policies.base.SamplerRecord`), so
+    the trainer can count the optimizer steps between the sampler's weights and its own."""
+    return max((last_change(t) for t in tensors), default=_EVERYTHING)
 
 
 def optimizer_parameters(optimizer: Any) -> list[torch.Tensor]:

@@ -6,9 +6,13 @@ A checkpoint is the folder ``output_dir/checkpoint-{global_step}`` holding
   the run (``run_id`` of the run folder's ``run.json``, and when it was written);
 - ``agent_{i}/policy.pt`` and ``agent_{i}/optimizer.pt``: each agent's weights (policy
   ``state_dict``) and optimizer state, plus ``agent_{i}/reference.pt`` with reference KL;
-- ``rng.pt``: Python, NumPy, torch (and CUDA) RNG states and the policies' own generators;
+- ``rng.pt``: Python, NumPy, torch (and CUDA) RNG states, the policies' own generators and the
+  envs' item generators;
 - ``buffers.pt``: the per-agent rollout buffers, the metrics not yet logged and the rest of an
   update (and of its batch) that ``max_steps`` cut;
+- under torchrun those two are each rank's own: rank 0's at the top, rank r's in ``rank_<r>/``
+  (``trainer_state.json`` records the number of ranks; :func:`load` gives each rank its own, and
+  refuses another number of ranks unless no rank's buffers hold a sample);
 - ``{name}.pt`` for each of the trainer's ``checkpoint_extras()`` (actor-critic: ``critic_{i}.pt``
   and ``critic_{i}_optimizer.pt``);
 - ``manifest.json``, written last: the size and SHA-256 of every other file.
@@ -66,14 +70,16 @@ def save(trainer: Any) -> str:
     final = os.path.join(output_dir, name)
     tmp = os.path.join(output_dir, f".tmp-{name}-{os.getpid()}")
     sharded = getattr(trainer, "sharded", None) or {}
-    if trainer.dist.is_main:
+    dist = trainer.dist
+    if dist.is_main:
         os.makedirs(output_dir, exist_ok=True)
         shutil.rmtree(tmp, ignore_errors=True)
         os.makedirs(tmp)
+    if dist.enabled:
+        tmp = dist.broadcast_object(tmp)  # rank 0's folder, once it exists
     if sharded:
-        from llm_marl.runs.fsdp import save_shards, shared_value
+        from llm_marl.runs.fsdp import save_shards
 
-        tmp = shared_value(tmp)  # rank 0's folder, once it exists
         references = getattr(trainer, "sharded_references", {})
         for i, agent in enumerate(trainer.agent_ids):
             if agent in sharded and not sharded[agent].frozen:  # (a LoRA team's adapters are whole: rank 0 saves them below)
@@ -82,8 +88,12 @@ def save(trainer: Any) -> str:
                 save_shards(references[agent], None, os.path.join(tmp, f"agent_{i}", "reference_shards"))
         for folder, shard, optimizer in _critic_shards(trainer):
             save_shards(shard, optimizer, os.path.join(tmp, folder))
-        if not trainer.dist.is_main:
-            trainer.dist.barrier()  # rank 0 completes the folder
+    if dist.enabled:
+        if not dist.is_main:
+            _save_rank_state(trainer, os.path.join(tmp, rank_folder(dist.rank)))
+        dist.barrier()  # every rank's own state is written
+        if not dist.is_main:
+            dist.barrier()  # rank 0 completes the folder
             trainer.state.last_checkpoint = final
             return final
     state = dataclasses.replace(trainer.state, last_checkpoint=final)
@@ -91,7 +101,8 @@ def save(trainer: Any) -> str:
     run = {"run_id": run_id, "saved_ns": time.time_ns()}
     _write_json(
         os.path.join(tmp, "trainer_state.json"),
-        {"state": dataclasses.asdict(state), "args": _jsonable(trainer.args.to_dict()), "run": run},
+        {"state": dataclasses.asdict(state), "args": _jsonable(trainer.args.to_dict()), "run": run,
+         "world_size": dist.world_size},
     )
     for i, agent in enumerate(trainer.agent_ids):
         folder = os.path.join(tmp, f"agent_{i}")
@@ -107,12 +118,7 @@ def save(trainer: Any) -> str:
             torch.save(trainer.reference_policies[agent].state_dict(), os.path.join(folder, "reference.pt"))
     for name, extra in _extras(trainer).items():
         torch.save(extra.state_dict(), os.path.join(tmp, f"{name}.pt"))
-    torch.save(rng_state(trainer.policies), os.path.join(tmp, "rng.pt"))
-    torch.save(
-        {"buffers": {a: list(b.samples) for a, b in trainer.buffers.items()}, "pending": trainer._pending,
-         "update_plan": getattr(trainer, "_update_plan", None), "unfinished": _cut_batch(trainer)},
-        os.path.join(tmp, "buffers.pt"),
-    )
+    _save_rank_state(trainer, tmp)  # rank 0's own state: buffers.pt and rng.pt at the top
     _write_json(os.path.join(tmp, "manifest.json"), _manifest(tmp))
     _fsync_tree(tmp)
     written = trainer.__dict__.setdefault("_checkpoints_written", set())
@@ -135,9 +141,59 @@ def save(trainer: Any) -> str:
     written.add(final)
     trainer.state.last_checkpoint = final
     _rotate(output_dir, trainer.args.save_total_limit, keep=final, run_id=run_id)
-    if sharded:
-        trainer.dist.barrier()
+    dist.barrier()  # the other ranks wait for the complete folder
     return final
+
+
+def rank_folder(rank: int) -> str:
+    """Where rank ``rank``'s own state lies inside a checkpoint: rank 0's at the top (as a
+    single process writes it), rank r's in ``rank_<r>/``."""
+    return "." if rank == 0 else f"rank_{rank}"
+
+
+def _save_rank_state(trainer: Any, folder: str) -> None:
+    """What is this rank's own into ``folder``: ``rng.pt`` (Python, NumPy, torch, the policies'
+    and the envs' generators) and ``buffers.pt`` (the rollout buffers, the metrics not yet
+    logged, the rest of an update and of its batch that ``max_steps`` cut, and with samples held
+    the marks that re-own them on resume, llm_marl/learners/staleness.py)."""
+    os.makedirs(folder, exist_ok=True)
+    torch.save(rng_state(trainer.policies, _envs(trainer)), os.path.join(folder, "rng.pt"))
+    plan, unfinished = getattr(trainer, "_update_plan", None), _cut_batch(trainer)
+    held = plan is not None or unfinished is not None or any(len(b) for b in trainer.buffers.values())
+    torch.save(
+        {"buffers": {a: list(b.samples) for a, b in trainer.buffers.items()}, "pending": trainer._pending,
+         "update_plan": plan, "unfinished": unfinished,
+         "samplers": trainer.sampler_marks() if held and hasattr(trainer, "sampler_marks") else None},
+        os.path.join(folder, "buffers.pt"),
+    )
+
+
+def _envs(trainer: Any) -> dict[str, Any]:
+    """The trainer's envs whose item generators a checkpoint keeps (rng.py)."""
+    return {name: env for name in ("env", "eval_env") if (env := getattr(trainer, name, None)) is not None}
+
+
+def _rank_state_of(path: str, saved: dict[str, Any], dist: Any) -> str:
+    """The folder of ``path`` holding this rank's own state. Written by as many ranks as now run:
+    this rank's. Otherwise (another number of ranks) rank 0's, for every rank, where no rank's
+    buffers hold a sample; else :class:`CheckpointError`: those samples belong to ranks that no
+    longer exist, so the run would lose or repeat them."""
+    written_by = int(saved.get("world_size", 1))
+    if written_by == dist.world_size:
+        return os.path.join(path, rank_folder(dist.rank))
+    held = []
+    for rank in range(written_by):
+        extra = torch.load(os.path.join(path, rank_folder(rank), "buffers.pt"), weights_only=False)
+        samples = sum(len(b) for b in extra["buffers"].values()) + len(extra.get("update_plan") or [])
+        if samples or extra.get("unfinished") is not None:
+            held.append(f"rank {rank}: {samples} sample(s)")
+    if held:
+        raise CheckpointError(
+            f"{path}: written by {written_by} rank(s) whose buffers hold samples not yet trained on "
+            f"({', '.join(held)}); resume it with {written_by} rank(s), not {dist.world_size} "
+            "(or from a checkpoint whose buffers are empty)"
+        )
+    return path
 
 
 def _critic_shards(trainer: Any) -> list[tuple[str, Any, Any]]:
@@ -161,13 +217,11 @@ def closing_wanted(trainer: Any) -> bool:
 
 
 def save_closing(trainer: Any) -> str | None:
-    """The closing checkpoint where :func:`closing_wanted` (written by the main rank, every rank
-    waits for it); its path, or None."""
+    """The closing checkpoint where :func:`closing_wanted` (every rank calls it: each writes its
+    own state, rank 0 the rest); its path, or None."""
     if not closing_wanted(trainer):
         return None
-    path = save(trainer) if trainer.dist.is_main or getattr(trainer, "sharded", None) else None
-    trainer.dist.barrier()
-    return path
+    return save(trainer)
 
 
 def save_if_due(trainer: Any, steps_before: int) -> str | None:
@@ -175,7 +229,7 @@ def save_if_due(trainer: Any, steps_before: int) -> str | None:
     steps (from ``steps_before``); its path, or None."""
     every = trainer.args.save_steps
     crossed = every and trainer.state.global_step // every > steps_before // every
-    if crossed and trainer.args.output_dir is not None and (trainer.dist.is_main or getattr(trainer, "sharded", None)):
+    if crossed and trainer.args.output_dir is not None:
         return save(trainer)
     return None
 
@@ -289,8 +343,9 @@ def load(trainer: Any, path: str) -> None:
             raise CheckpointError(f"{path}: {name}.pt is missing (saved by a trainer without {name})")
         extra.load_state_dict(torch.load(file, weights_only=False))
     weights_changed()  # every sampling copy (bf16 shadow, packs) reads the loaded weights
-    restore_rng(trainer.policies, torch.load(os.path.join(path, "rng.pt"), weights_only=False))
-    extra = torch.load(os.path.join(path, "buffers.pt"), weights_only=False)
+    own = _rank_state_of(path, saved, trainer.dist)
+    restore_rng(trainer.policies, torch.load(os.path.join(own, "rng.pt"), weights_only=False), _envs(trainer))
+    extra = torch.load(os.path.join(own, "buffers.pt"), weights_only=False)
     from llm_marl.rollouts import RolloutBuffer
 
     keys = {a: a for a in extra["buffers"]}  # the saved key objects: saved again, the pickle is byte-identical
@@ -301,6 +356,7 @@ def load(trainer: Any, path: str) -> None:
     # belongs to the state replaced here
     trainer._update_plan = extra.get("update_plan")
     trainer._unfinished = extra.get("unfinished")
+    trainer._restored_samplers = extra.get("samplers")  # re-owned once train() has set the weights (staleness.py)
     fields = {f.name for f in dataclasses.fields(trainer.state)}
     trainer.state = type(trainer.state)(**{k: v for k, v in saved["state"].items() if k in fields})
     trainer.resumed_from = {"checkpoint": path, "batch_step": trainer.state.batch_step}  # the command's summary reads it

@@ -20,9 +20,14 @@ tensors and gloo for CPU ones, ``"cpu:gloo,cuda:nccl"``; without it, gloo). What
   the same steps and hold identical weights, and W ranks with ``items_per_step=n`` and
   ``rollout_buffer_size=m`` match one process with ``items_per_step=W·n``,
   ``rollout_buffer_size=W·m`` wherever that one process also updates only at batch boundaries.
-- Rank 0 alone logs, evaluates and writes checkpoints and models. Each rank reseeds torch's
-  global RNG at every batch from (seed, rank, batch), so a resumed run needs no per-rank RNG
-  state and ranks never sample identical answers.
+- Rank 0 alone logs, evaluates and writes models. Each rank reseeds torch's global RNG at every
+  batch from (seed, rank, batch), so ranks never sample identical answers.
+- A checkpoint holds what each rank owns (runs/checkpoint.py): every rank writes its rollout
+  buffers, metrics not yet logged, the rest of a cut update and its generators (Python, NumPy,
+  torch, the policies', the envs'); rank 0 writes them at the top of the folder with everything
+  else, rank r into ``rank_<r>/``. A resume with the same number of ranks gives each rank its
+  own back. With another number it is refused in one line unless no rank's buffers hold a
+  sample; then every rank starts from rank 0's generators and metrics.
 """
 
 from __future__ import annotations
@@ -114,6 +119,14 @@ class DistributedContext:
             for p in parameters:
                 dist.broadcast(p.data, src=0)
         weights_changed(parameters)
+
+    def broadcast_object(self, value: object) -> object:
+        """Rank 0's ``value`` on every rank (every rank calls it)."""
+        if not self.enabled:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
 
     def barrier(self) -> None:
         if self.enabled:

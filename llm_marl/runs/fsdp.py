@@ -49,6 +49,8 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
+from llm_marl.policies.weight_changes import weights_changed
+
 __all__ = [
     "Lockstep",
     "ShardedModel",
@@ -440,9 +442,12 @@ class ShardedModel:
 
     @contextmanager
     def gathered(self) -> Iterator[None]:
-        """The full weights for any number of forward passes without gradients (every rank enters)."""
+        """The full weights for any number of forward passes without gradients (every rank enters).
+        Gathering writes the full tensors: a change notice for them, so answers sampled with them
+        carry the current weight version (llm_marl/learners/staleness.py)."""
         with torch.no_grad():
             self._unshard()
+        weights_changed(list(self.model.parameters()))
         try:
             yield
         finally:

@@ -3,7 +3,8 @@ checkpoint, and set aside around an evaluation.
 
 A run draws from Python's, NumPy's and torch's global generators (CPU and every CUDA device;
 language-model sampling draws there) and from the ``generator`` of any policy that has one
-(:class:`~llm_marl.policies.TabularPolicy`). :func:`rng_state` and :func:`restore_rng` capture
+(:class:`~llm_marl.policies.TabularPolicy`), and the envs pick an item from their own
+``np_random`` when reset without an index. :func:`rng_state` and :func:`restore_rng` capture
 and put back all of them; :func:`seeded_aside` runs a block on freshly seeded generators and then
 puts the run's back, so that the block neither depends on nor changes what the run draws next.
 """
@@ -25,8 +26,9 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def rng_state(policies: Mapping[str, Any]) -> dict[str, Any]:
-    """Every generator's state: the global ones and each policy's own ``generator``."""
+def rng_state(policies: Mapping[str, Any], envs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Every generator's state: the global ones, each policy's own ``generator`` and each env's
+    item generator (``np_random``, which picks the item of a reset without an index)."""
     state = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
@@ -38,10 +40,15 @@ def rng_state(policies: Mapping[str, Any]) -> dict[str, Any]:
         generator = getattr(policy, "generator", None)
         if isinstance(generator, torch.Generator):
             state["policies"][agent] = generator.get_state()
+    state["envs"] = {name: env._np_random.bit_generator.state for name, env in (envs or {}).items() if _has_generator(env)}
     return state
 
 
-def restore_rng(policies: Mapping[str, Any], state: Mapping[str, Any]) -> None:
+def _has_generator(env: Any) -> bool:
+    return isinstance(getattr(env, "_np_random", None), np.random.Generator)
+
+
+def restore_rng(policies: Mapping[str, Any], state: Mapping[str, Any], envs: Mapping[str, Any] | None = None) -> None:
     """Put back what :func:`rng_state` captured."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
@@ -50,6 +57,11 @@ def restore_rng(policies: Mapping[str, Any], state: Mapping[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
     for agent, generator_state in state["policies"].items():
         policies[agent].generator.set_state(generator_state)
+    for name, generator_state in state.get("envs", {}).items():
+        if envs and name in envs and _has_generator(envs[name]):
+            generator = np.random.Generator(getattr(np.random, generator_state["bit_generator"])())
+            generator.bit_generator.state = generator_state
+            envs[name]._np_random = generator  # a new object: forks sharing the old one keep theirs
 
 
 @contextmanager

@@ -240,8 +240,7 @@ class MAGRPOTrainer(AgentsByName, JointUpdate):
         if path is not None:
             checkpoint.load(self, path)  # a batch max_steps cut was recorded and evaluated: it is finished, not redone
             self.recorder.purge(self.state.batch_step + (self._unfinished is not None))
-        for agent in self.agent_ids:
-            self.dist.broadcast_parameters(self.trainable[agent])
+        self._weights_set()  # rank 0's weights on every rank; every agent's weight version 0 (staleness.py)
         self.logger = RunLogger(
             args.output_dir if self.dist.is_main else None,
             purge_step=self.state.batch_step + (self._unfinished is not None) if resume_from_checkpoint else None,
@@ -338,6 +337,7 @@ class MAGRPOTrainer(AgentsByName, JointUpdate):
     def _train_batch(self, indices: list[int]) -> None:
         """Roll out the items ``indices``, buffer their samples and update whenever the buffers are full. A batch whose
         update raises or stops at ``max_steps`` is kept (:class:`_UnfinishedBatch`): the next call finishes it."""
+        self._reown_restored()  # a resume's buffered answers, its cut batch's included (staleness.py)
         unfinished, self._unfinished = self._unfinished, None
         if unfinished is not None and unfinished.batch_step == self.state.batch_step:
             if self._update_or_keep(unfinished):
