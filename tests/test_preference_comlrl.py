@@ -150,6 +150,37 @@ def test_reward_utils_call_forms_and_ranges():
         set_reward_range(lambda: 0, 4, 4)
 
 
+class _NoSignatureReward:
+    """A reward callable whose signature cannot be read; it takes only the list of lists."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple, dict]] = []
+
+    @property
+    def __signature__(self):
+        raise ValueError("no signature")
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        if kwargs or len(args) != 1:
+            raise TypeError("takes one list of lists")
+        return [len(args[0])]
+
+
+def test_reward_call_without_a_signature_tries_each_form_in_turn():
+    from llm_marl.comlrl.utils.reward_utils import call_reward_function
+
+    reward = _NoSignatureReward()
+    completions, items = [["a"], ["b"]], [{"i": 1}]
+    assert call_reward_function(reward, ["p"], completions, num_agents=2, batch_items=items) == [2.0]
+    assert reward.calls == [((["a"], ["b"]), {"batch_items": items}), ((["a"], ["b"]), {}), ((completions,), {})]
+    three = _NoSignatureReward()  # f(["a"], ["b"], ["c"]) refused: the list-of-lists call is the third form
+    assert call_reward_function(three, ["p"], [["a"], ["b"], ["c"]], num_agents=3) == [3.0] and len(three.calls) == 2
+    refusing = _NoSignatureReward()  # one agent, and the function wants keywords it is never given: the last TypeError stands
+    with pytest.raises(TypeError, match="takes one list of lists"):
+        call_reward_function(refusing, ["p"], [["a"], ["b"]], num_agents=1)
+
+
 def test_formatters_pass_external_prompts_only_where_taken():
     from llm_marl.comlrl.utils.formatters import build_formatters
 
