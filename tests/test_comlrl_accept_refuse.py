@@ -116,6 +116,12 @@ def test_refusal_messages_carry_comlrl_wording(cls):
         CentralizedMAGRPOConfig(num_turns=2)
 
 
+def test_centralized_iterative_config_refuses_another_actor_index():
+    with pytest.raises(ValueError, match="comparator_centralized_agent_index must be actor index 0"):
+        MADPOIterConfig(collaboration_mode="centralized", comparator_centralized_agent_index=1)
+    assert MADPOIterConfig(comparator_centralized_agent_index=1).comparator_centralized_agent_index == 1  # decentralized: unused
+
+
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", pretrain_steps=0))
