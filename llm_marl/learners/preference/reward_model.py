@@ -151,8 +151,8 @@ class JointRewardModel(nn.Module):
 
     Args:
         backbone: a causal LM (with ``config.hidden_size``, ``n_embd`` or ``d_model``; then
-            ``tokenizer`` is required and the head reads the last real token's final hidden
-            state), or a module mapping a list of texts to ``[len(texts), hidden_size]``
+            the head reads the last real token's final hidden state; scoring texts needs
+            ``tokenizer``, calling the model on token ids does not), or a module mapping a list of texts to ``[len(texts), hidden_size]``
             features (with a ``hidden_size`` attribute), e.g. :class:`HashedNgramBackbone`.
         freeze_backbone: train only the head.
         tokenizer: the language-model backbone's tokenizer.
@@ -180,8 +180,6 @@ class JointRewardModel(nn.Module):
         )
         if hidden is None:
             raise ValueError(f"JointRewardModel: cannot tell the hidden size of backbone {type(backbone).__name__} (config.hidden_size / n_embd / d_model, or a hidden_size attribute)")
-        if self.is_language_model and tokenizer is None:
-            raise ValueError("JointRewardModel: a language-model backbone needs its tokenizer=")
         if truncation_side not in ("left", "right"):
             raise ValueError(f"JointRewardModel: truncation_side must be 'left' or 'right', got {truncation_side!r}")
         self.tokenizer, self.max_length, self.truncation_side = tokenizer, max_length, truncation_side
@@ -222,6 +220,9 @@ class JointRewardModel(nn.Module):
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """The token ids the language-model backbone reads for each text (at most :attr:`limit`)."""
+        if self.tokenizer is None:
+            raise ValueError("JointRewardModel: scoring texts with a language-model backbone needs its tokenizer= "
+                             "(without one it scores token ids: model(input_ids, attention_mask))")
         limit, rows = self.limit, []
         for text in texts:
             pieces = getattr(text, "pieces", None)
