@@ -104,6 +104,24 @@ def test_refusals_name_the_field():
         IACConfig(num_turns=2, num_generations=2)
 
 
+@pytest.mark.parametrize("cls", (MAGRPOConfig, IACConfig, MAACConfig))
+def test_refusal_messages_carry_comlrl_wording(cls):
+    """Scripts (and CoMLRL's own tests) match these phrases of CoMLRL's messages."""
+    options = {"num_generations": 2} if cls is MAGRPOConfig else {}
+    with pytest.raises(ValueError, match=r"reference_devices length is 3"):
+        cls(num_agents=2, reference_kl_enabled=True, reference_devices=["cpu"] * 3, **options)
+    with pytest.raises(ValueError, match="centralized collaboration"):
+        CentralizedMAGRPOConfig(collaboration_mode="decentralized")
+    with pytest.raises(ValueError, match="num_turns=1"):
+        CentralizedMAGRPOConfig(num_turns=2)
+
+
+def test_centralized_iterative_config_refuses_another_actor_index():
+    with pytest.raises(ValueError, match="comparator_centralized_agent_index must be actor index 0"):
+        MADPOIterConfig(collaboration_mode="centralized", comparator_centralized_agent_index=1)
+    assert MADPOIterConfig(comparator_centralized_agent_index=1).comparator_centralized_agent_index == 1  # decentralized: unused
+
+
 @pytest.fixture(scope="module")
 def model_path(tmp_path_factory):
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", pretrain_steps=0))

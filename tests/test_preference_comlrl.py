@@ -150,6 +150,37 @@ def test_reward_utils_call_forms_and_ranges():
         set_reward_range(lambda: 0, 4, 4)
 
 
+class _NoSignatureReward:
+    """A reward callable whose signature cannot be read; it takes only the list of lists."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[tuple, dict]] = []
+
+    @property
+    def __signature__(self):
+        raise ValueError("no signature")
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append((args, kwargs))
+        if kwargs or len(args) != 1:
+            raise TypeError("takes one list of lists")
+        return [len(args[0])]
+
+
+def test_reward_call_without_a_signature_tries_each_form_in_turn():
+    from llm_marl.comlrl.utils.reward_utils import call_reward_function
+
+    reward = _NoSignatureReward()
+    completions, items = [["a"], ["b"]], [{"i": 1}]
+    assert call_reward_function(reward, ["p"], completions, num_agents=2, batch_items=items) == [2.0]
+    assert reward.calls == [((["a"], ["b"]), {"batch_items": items}), ((["a"], ["b"]), {}), ((completions,), {})]
+    three = _NoSignatureReward()  # f(["a"], ["b"], ["c"]) refused: the list-of-lists call is the third form
+    assert call_reward_function(three, ["p"], [["a"], ["b"], ["c"]], num_agents=3) == [3.0] and len(three.calls) == 2
+    refusing = _NoSignatureReward()  # one agent, and the function wants keywords it is never given: the last TypeError stands
+    with pytest.raises(TypeError, match="takes one list of lists"):
+        call_reward_function(refusing, ["p"], [["a"], ["b"]], num_agents=1)
+
+
 def test_formatters_pass_external_prompts_only_where_taken():
     from llm_marl.comlrl.utils.formatters import build_formatters
 
@@ -260,3 +291,21 @@ def test_centralized_madpo_and_marlhf_from_comlrl_keywords(tiny_model, tmp_path)
     marlhf = MARLHFTrainer(args=MARLHFConfig(**common, num_generations=2, reward_learning_rate=1e-3, output_dir=str(tmp_path / "marlhf")), **keywords)
     marlhf.train()
     assert marlhf.agent_ids == ["actor"] and marlhf.reward_phase.done
+
+
+def test_centralized_marlhf_with_an_actor_critic_rl_phase_from_comlrl_keywords(tiny_model, tmp_path):
+    """rl_algorithm "iac": one generation per item is accepted (as IACConfig, and CoMLRL), and CoMLRL's
+    centralized keywords (agent_model= for the one actor, num_agents=2 roles) build the team."""
+    from datasets import Dataset
+
+    from llm_marl.comlrl.trainers.preference import MARLHFConfig, MARLHFTrainer
+
+    with pytest.raises(ValueError, match="num_generations must be an int >= 2"):
+        MARLHFConfig(num_generations=1)  # the MAGRPO family's group baseline needs two
+    args = MARLHFConfig(num_agents=2, num_train_epochs=1, max_new_tokens=4, rollout_buffer_size=2, preference_num_candidates=2,
+                        eval_interval=0, progress_bar=False, collaboration_mode="centralized", rl_algorithm="iac", num_generations=1,
+                        output_dir=str(tmp_path / "run"))
+    trainer = MARLHFTrainer(args=args, agent_model=tiny_model, num_agents=2, reward_func=lambda a, b: [1.0] * len(a),
+                            train_dataset=Dataset.from_list([{"prompt": "a"}]),
+                            formatters=[lambda item: "first", lambda item: "second"])
+    assert trainer.agent_ids == ["actor"] and trainer.roles == ["agent_0", "agent_1"] and trainer.args.num_generations == 1

@@ -203,3 +203,17 @@ def test_resume_is_exact_with_an_iac_rl_phase(tmp_path):
     for agent in full.agents:
         assert torch.equal(full.policies[agent].logits, resumed.policies[agent].logits), agent
         assert torch.equal(full.critics[agent].table, resumed.critics[agent].table), agent
+
+
+def test_language_model_reward_model_without_a_tokenizer_scores_ids_and_refuses_texts():
+    """As CoMLRL: JointRewardModel(lm) builds without a tokenizer and scores token ids; texts need one."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    lm = GPT2LMHeadModel(GPT2Config(vocab_size=12, n_positions=8, n_embd=4, n_layer=1, n_head=1))
+    model = JointRewardModel(lm)
+    ids, mask = torch.tensor([[3, 4, 0], [0, 3, 4]]), torch.tensor([[1, 1, 0], [0, 1, 1]])
+    scores = model(ids, mask)
+    assert scores.shape == (2,) and torch.isfinite(scores).all()
+    with pytest.raises(ValueError, match="scoring texts with a language-model backbone needs its tokenizer="):
+        model.scores(["a joint answer"])

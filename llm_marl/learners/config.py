@@ -278,7 +278,7 @@ class MAGRPOConfig:
         for name in ("agent_devices", "reference_devices"):
             devices = getattr(self, name)
             if devices is not None and len(devices) != self.num_agents:
-                raise ValueError(f"{name} must list one device per agent ({self.num_agents}), got {devices!r}")
+                raise ValueError(f"{name} must list one device per agent ({self.num_agents}); {name} length is {len(devices)}: {devices!r}")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -43,6 +43,25 @@ def _floats(raw: Any) -> list[float]:
     return [float(v) for v in values]
 
 
+def _call_without_signature(reward_func: Callable[..., Any], completions: list[Any], num_agents: int,
+                            batch_items: Sequence[Mapping[str, Any]] | None) -> Any:
+    """Try, as CoMLRL does, ``f(*completions, batch_items=...)``, then ``f(*completions)``, then (several
+    agents) ``f(completions)``: each ``TypeError`` moves to the next form, the last one's is raised."""
+    attempts: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+    if batch_items is not None:
+        attempts.append((tuple(completions), {"batch_items": batch_items}))
+    attempts.append((tuple(completions), {}))
+    if num_agents > 1:
+        attempts.append(((completions,), {}))
+    for args, keywords in attempts[:-1]:
+        try:
+            return reward_func(*args, **keywords)
+        except TypeError:
+            pass
+    args, keywords = attempts[-1]
+    return reward_func(*args, **keywords)
+
+
 def call_reward_function(
     reward_func: Callable[..., Any],
     prompts: Sequence[str],
@@ -58,7 +77,7 @@ def call_reward_function(
     one positional parameter more (``batch_items`` not counted) takes ``prompts`` first; one with a single parameter (and
     several agents) takes the list of lists. ``batch_items=`` and ``prompts=`` are passed as
     keywords where the function names them or takes ``**kwargs``. Without a readable
-    signature, the plain positional call is tried.
+    signature, the completions go positionally (with ``batch_items=``, then without), then as one list.
     """
     if signature is None:
         try:
@@ -67,12 +86,7 @@ def call_reward_function(
             signature = None
     completions = list(agent_completions)
     if signature is None:
-        if batch_items is not None:
-            try:
-                return _floats(reward_func(*completions, batch_items=batch_items))
-            except TypeError:
-                pass
-        return _floats(reward_func(*completions))
+        return _floats(_call_without_signature(reward_func, completions, num_agents, batch_items))
     params = list(signature.parameters.values())
     # batch_items is passed by keyword, so it is not counted as a positional slot
     # (CoMLRL counts them, and then calls f(prompts, a, b, batch_items=...) for f(a, b, batch_items=None))

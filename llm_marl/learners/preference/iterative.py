@@ -66,7 +66,7 @@ class _IterativeFields:
     comparator_generation_mode: str = "decentralized"
     """"decentralized" (one comparator answer per agent); "centralized" is not built here."""
     comparator_centralized_agent_index: int = 0
-    """Accepted for CoMLRL scripts; unused (centralized comparators are not built here)."""
+    """Accepted for CoMLRL scripts; must be 0 with collaboration_mode "centralized" (one actor), else unused (centralized comparators are not built here)."""
     comparator_model_name: str | None = None
     """Accepted for CoMLRL scripts; must be None (comparator_policy "model" is not built here)."""
     comparator_history_k: int | None = None
@@ -88,6 +88,9 @@ class _IterativeFields:
         _one_of(self, "preference_replay_mode", pm.REPLAY_MODES)
         _one_of(self, "comparator_policy", COMPARATOR_POLICIES)
         _one_of(self, "comparator_generation_mode", ("decentralized",))
+        if getattr(self, "collaboration_mode", None) == "centralized" and self.comparator_centralized_agent_index != 0:
+            raise ValueError("comparator_centralized_agent_index must be actor index 0 with collaboration_mode='centralized' "
+                             f"(one actor); got {self.comparator_centralized_agent_index!r}")
         for name in ("comparator_model_name", "comparator_history_k", "comparator_api_url"):
             if getattr(self, name) is not None:
                 raise ValueError(f"{name} belongs to a comparator not built here (comparator_policy must be 'current'); got {getattr(self, name)!r}")

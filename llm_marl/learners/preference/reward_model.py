@@ -151,8 +151,8 @@ class JointRewardModel(nn.Module):
 
     Args:
         backbone: a causal LM (with ``config.hidden_size``, ``n_embd`` or ``d_model``; then
-            ``tokenizer`` is required and the head reads the last real token's final hidden
-            state), or a module mapping a list of texts to ``[len(texts), hidden_size]``
+            the head reads the last real token's final hidden state; scoring texts needs
+            ``tokenizer``, calling the model on token ids does not), or a module mapping a list of texts to ``[len(texts), hidden_size]``
             features (with a ``hidden_size`` attribute), e.g. :class:`HashedNgramBackbone`.
         freeze_backbone: train only the head.
         tokenizer: the language-model backbone's tokenizer.
@@ -180,8 +180,6 @@ class JointRewardModel(nn.Module):
         )
         if hidden is None:
             raise ValueError(f"JointRewardModel: cannot tell the hidden size of backbone {type(backbone).__name__} (config.hidden_size / n_embd / d_model, or a hidden_size attribute)")
-        if self.is_language_model and tokenizer is None:
-            raise ValueError("JointRewardModel: a language-model backbone needs its tokenizer=")
         if truncation_side not in ("left", "right"):
             raise ValueError(f"JointRewardModel: truncation_side must be 'left' or 'right', got {truncation_side!r}")
         self.tokenizer, self.max_length, self.truncation_side = tokenizer, max_length, truncation_side
@@ -222,6 +220,9 @@ class JointRewardModel(nn.Module):
 
     def encode(self, texts: Sequence[str]) -> list[list[int]]:
         """The token ids the language-model backbone reads for each text (at most :attr:`limit`)."""
+        if self.tokenizer is None:
+            raise ValueError("JointRewardModel: scoring texts with a language-model backbone needs its tokenizer= "
+                             "(without one it scores token ids: model(input_ids, attention_mask))")
         limit, rows = self.limit, []
         for text in texts:
             pieces = getattr(text, "pieces", None)
@@ -261,7 +262,7 @@ class MARLHFConfig(MADPOConfig):
     rl_algorithm: str = "magrpo"
     """RL against the reward model: "magrpo", "mareinforce", "marloo", "maremax" (sets advantage_mode), "iac" or "maac"."""
     num_generations: int = 4
-    """K: answers per agent per item in the RL phase (>= 2)."""
+    """K: answers per agent per item in the RL phase (>= 2; >= 1 with rl_algorithm "iac"/"maac", whose critics need no group)."""
 
     # --- the reward model ---
     reward_model_name: str | None = None
@@ -298,6 +299,11 @@ class MARLHFConfig(MADPOConfig):
     """iac/maac: hidden width of a separate critic's value head; None: one linear layer."""
     value_head_hidden_dim: int | None = None
     """iac: hidden width of a shared (on-actor) value head; None: one linear layer."""
+
+    @property
+    def min_generations(self) -> int:  # type: ignore[override]
+        """2 for the MAGRPO family's group baseline; 1 for the actor-critic RL phases (as IACConfig / MAACConfig)."""
+        return 1 if str(self.rl_algorithm).strip().lower() in ACTOR_CRITIC_ALGORITHMS else 2
 
     def normalize(self) -> None:
         """As :meth:`MAGRPOConfig.normalize`; "mareforce" -> "mareinforce" (CoMLRL's alias), and
@@ -616,7 +622,9 @@ def actor_critic_form(trainer_class: type, algorithm: str) -> type:
         if args is not None and not isinstance(args, config):
             names = {f.name for f in dataclasses.fields(config)}
             args = config(**{k: v for k, v in dataclasses.asdict(args).items() if k in names})
-        trainer_class.__init__(self, env, policies, args, eval_env, **kwargs)
+        # by keyword, leaving out what is not given: CoMLRL's keywords (a centralized team's among them) are read from them
+        given = {k: v for k, v in (("env", env), ("policies", policies), ("eval_env", eval_env)) if v is not None}
+        trainer_class.__init__(self, args=args, **given, **kwargs)
 
     def checkpoint_extras(self: Any) -> dict[str, Any]:
         return {**learner.checkpoint_extras(self), **trainer_class.checkpoint_extras(self)}

@@ -166,9 +166,9 @@ class CentralizedMAGRPOConfig(MAGRPOConfig):
     def validate(self) -> None:
         super().validate()
         if self.num_turns != 1:
-            raise ValueError(f"num_turns must be 1 for centralized MAGRPO; got {self.num_turns!r}")
+            raise ValueError(f"num_turns must be 1 for centralized MAGRPO (num_turns=1); got {self.num_turns!r}")
         if self.collaboration_mode != "centralized":
-            raise ValueError(f"collaboration_mode must be 'centralized' for CentralizedMAGRPOConfig; got {self.collaboration_mode!r}")
+            raise ValueError(f"collaboration_mode must be 'centralized' for CentralizedMAGRPOConfig (centralized collaboration: one joint policy); got {self.collaboration_mode!r}")
 
 
 class CentralizedMAGRPOTrainer(MAGRPOTrainer):
