@@ -19,6 +19,9 @@ Rewards                0 until the program returns; then its number, shared by e
 Episode                until the program returns; calls after ``num_turns`` steps are an error
 =====================  ====================================================================
 
+``eval_items`` (optional, like ``items``) are held-out items: :meth:`ProgramEnv.eval_split` is
+the env on them, and a learner given no ``eval_env`` evaluates there.
+
 ``reset(seed=None, options=None)`` picks an item (``options={"index": i}``, else drawn with the
 env's seeded RNG) and runs the program up to its first step.
 
