@@ -22,8 +22,12 @@ agents = ("writer", "editor")
 """The model names the program calls: one trained agent each."""
 num_turns = 2
 """The most steps of calls (the writer's, then the editor's)."""
-items = [{"topic": topic} for topic in ("the sea", "a small ship", "the weather today", "a story")]
+items = [{"topic": topic} for topic in ("the sea", "a small ship", "the weather today", "a story",
+                                         "the old forest", "a red apple", "the night sky", "a busy city")]
 """The program's inputs, one rollout each."""
+eval_items = [{"topic": topic} for topic in ("the mountain river", "a quiet library", "the winter snow", "a green garden",
+                                              "the morning sun", "a lost dog", "the desert wind", "a warm kitchen")]
+"""Held-out topics: the eval split (``llm-marl train --program`` and ``program_env`` evaluate on them)."""
 
 
 SIMPLE_TEMPLATE = (
@@ -64,11 +68,11 @@ def main(max_steps: int = 4) -> dict:
 
     model, tokenizer = load_tiny()
     tokenizer.chat_template = SIMPLE_TEMPLATE  # the tiny model has none; instruct models (smollm2-135m) bring theirs
-    env = ProgramEnv(team, agents, items, num_turns=num_turns)
+    env = ProgramEnv(team, agents, items, num_turns=num_turns, eval_items=eval_items)
     policies = [CausalLMPolicy(copy.deepcopy(model), tokenizer, max_new_tokens=12) for _ in agents]
     args = MAGRPOConfig(num_turns=num_turns, num_generations=2, max_steps=max_steps, items_per_step=1, rollout_buffer_size=1,
-                        eval_interval=0, progress_bar=False, seed=0, early_termination_threshold=None)
-    trainer = MAGRPOTrainer(env=env, policies=policies, args=args, eval_env=env)  # evaluated on its training items
+                        eval_interval=0, eval_num_samples=2, progress_bar=False, seed=0, early_termination_threshold=None)
+    trainer = MAGRPOTrainer(env=env, policies=policies, args=args)  # evaluated on the env's eval_items
     before = trainer.evaluate()
     trainer.train()
     after = trainer.evaluate()

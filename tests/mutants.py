@@ -433,6 +433,13 @@ MUTANTS: list[Mutant] = [
         ("tests/test_programs.py::test_an_async_program_working_between_two_calls_is_waited_for_until_its_loop_is_idle",),
     ),
     Mutant(
+        "programs: a ProgramEnv's eval_items are not its eval split",
+        "llm_marl/learners/reinforce/trainer.py",
+        "        if callable(split) and (held_out := split()) is not None:",
+        "        if False:",
+        ("tests/test_programs.py::test_a_program_env_with_eval_items_is_evaluated_on_them_without_an_eval_env",),
+    ),
+    Mutant(
         "programs: a replayed call is not compared with the recorded one",
         "llm_marl/programs/env.py",
         "                if outcome.calls[agent] != observation:",

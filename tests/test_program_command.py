@@ -90,3 +90,28 @@ def test_the_agents_sdk_example_is_one_step_per_sdk_agent_and_trains_for_a_step(
     assert infos["editor"]["reward_details"] == {"draft": "The sea is wide.", "edited": "The sea."}
     env.close()
     assert program_agents_sdk.main(max_steps=1)["optimizer_steps"] == 1
+
+
+def test_a_modules_eval_items_are_the_eval_split_of_the_command_and_of_the_env_it_makes(tmp_path, scratch_registry):
+    from llm_marl.assembly import make_env
+    from llm_marl.learners import MAGRPOConfig, MAGRPOTrainer
+    from llm_marl.policies.scripted import ScriptedPolicy
+    from llm_marl.programs.loading import program_env_id
+
+    policies = {a: ScriptedPolicy(lambda o, k: ["x"] * k) for a in ("writer", "editor")}
+    args = MAGRPOConfig(num_turns=2, num_generations=2, eval_num_samples=2, progress_bar=False, output_dir=str(tmp_path))
+
+    module = tmp_path / "scored.py"  # the command: the module's eval_items are the eval split
+    module.write_text("agents = ('writer', 'editor')\nnum_turns = 2\nitems = [{'n': 1}]\neval_items = [{'n': 4}, {'n': 6}]\n"
+                      "def team(item, client):\n"
+                      "    client.chat.completions.create(model='writer', messages=[{'role': 'user', 'content': 'go'}])\n"
+                      "    client.chat.completions.create(model='editor', messages=[{'role': 'user', 'content': 'go'}])\n"
+                      "    return float(item['n'])\n")
+    env_id = program_env_id(f"{module}:team")
+    split = make_env(env_id, "eval", None)
+    assert [dict(row) for row in split.data] == [{"n": 4}, {"n": 6}]
+    trained = make_env(env_id, None, None)
+    trainer = MAGRPOTrainer(env=trained, policies=policies, args=args)  # make("Program-v0"/id) in Python: eval_items ride along
+    assert trainer.evaluate()["eval/turn_2/expected_return"] == 5.0
+    for each in (split, trained, trainer.eval_env):
+        each.close()

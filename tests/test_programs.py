@@ -335,3 +335,24 @@ def test_program_env_passes_the_pettingzoo_parallel_api_test():
         warnings.simplefilter("error")  # no "live agent was not given an observation" and the like
         parallel_api_test(env, num_cycles=10)
     env.close()
+
+
+def scored_by_item(item, client):
+    draft = client.chat.completions.create(model="writer", messages=[{"role": "user", "content": "go"}]).choices[0].message.content
+    client.chat.completions.create(model="editor", messages=[{"role": "user", "content": draft}])
+    return float(item["n"])
+
+
+def test_a_program_env_with_eval_items_is_evaluated_on_them_without_an_eval_env(tmp_path):
+    policies = {a: ScriptedPolicy(lambda o, k: ["x"] * k) for a in ("writer", "editor")}
+    args = MAGRPOConfig(num_turns=2, num_generations=2, eval_num_samples=2, progress_bar=False, output_dir=str(tmp_path))
+    env = ProgramEnv(scored_by_item, ("writer", "editor"), [{"n": 1}, {"n": 1}], num_turns=2, eval_items=[{"n": 10}, {"n": 20}])
+    trainer = MAGRPOTrainer(env=env, policies=policies, args=args)  # no eval_env: the env's eval_items
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "evaluation skipped"
+        assert trainer.evaluate()["eval/turn_2/expected_return"] == 15.0  # (10 + 20) / 2, not the training items' 1
+    trainer.eval_env.close()
+    env.close()
+    with pytest.raises(ValueError, match="program scored_by_item: eval_items must be None or a non-empty list"):
+        ProgramEnv(scored_by_item, ("writer", "editor"), [{"n": 1}], eval_items=[])
+

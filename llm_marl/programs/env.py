@@ -19,6 +19,9 @@ Rewards                0 until the program returns; then its number, shared by e
 Episode                until the program returns; calls after ``num_turns`` steps are an error
 =====================  ====================================================================
 
+``eval_items`` (optional, like ``items``) are held-out items: :meth:`ProgramEnv.eval_split` is
+the env on them, and a learner given no ``eval_env`` evaluates there.
+
 ``reset(seed=None, options=None)`` picks an item (``options={"index": i}``, else drawn with the
 env's seeded RNG) and runs the program up to its first step.
 
@@ -109,6 +112,7 @@ class ProgramEnv(ParallelEnv):
         error_penalty: float = -1.0,
         name: str | None = None,
         render_mode: str | None = None,
+        eval_items: Any = None,
     ):
         if not callable(program):
             raise TypeError(f"program must be a callable program(item, client), got {program!r}")
@@ -126,8 +130,11 @@ class ProgramEnv(ParallelEnv):
             raise ValueError(f"program {self.name}: on_program_error must be one of {', '.join(ON_PROGRAM_ERROR)}, got {on_program_error!r}")
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, got {render_mode!r}")
+        if eval_items is not None and len(eval_items) == 0:
+            raise ValueError(f"program {self.name}: eval_items must be None or a non-empty list of dicts or a datasets.Dataset")
         self.program = program
         self.data = items
+        self.eval_items = eval_items
         self.num_turns = num_turns
         self.timeout_s = float(timeout_s)
         self.on_program_error = on_program_error
@@ -227,6 +234,15 @@ class ProgramEnv(ParallelEnv):
                 lines.append(f"[{agent}] sees: {observation}")
                 lines.append(f"[{agent}] says: {reply}")
         return "\n".join(lines)
+
+    def eval_split(self) -> "ProgramEnv | None":
+        """A new env playing the same program on ``eval_items`` (None without them): the eval
+        split a learner evaluates on when it is given no ``eval_env``."""
+        if self.eval_items is None:
+            return None
+        return ProgramEnv(self.program, self.possible_agents, self.eval_items, num_turns=self.num_turns, timeout_s=self.timeout_s,
+                          on_program_error=self.on_program_error, error_penalty=self.error_penalty, name=self.name,
+                          render_mode=self.render_mode)
 
     def close(self) -> None:
         """End the running program and stop the endpoint."""

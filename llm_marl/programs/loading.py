@@ -10,8 +10,9 @@ Where the arguments are not given, they come from the program's module:
 
 - ``agents``: a module-level ``agents`` tuple of the model names the program calls;
 - ``items``: a module-level ``items`` (a list of dicts or a ``datasets.Dataset``); a string is a
-  JSON-lines file, one item per line; ``eval_items`` likewise for ``split="eval"`` (without it
-  there is no eval split, and the learner evaluates on the train items);
+  JSON-lines file, one item per line; ``eval_items`` likewise for ``split="eval"``, and the
+  train env's :meth:`~llm_marl.programs.ProgramEnv.eval_split` (without it there is no eval
+  split: a learner given no ``eval_env`` warns that evaluation is skipped);
 - ``num_turns``: a module-level ``num_turns`` (the most steps of calls), else 8.
 """
 
@@ -107,6 +108,9 @@ def program_env(
         items = items if items is not None else getattr(module, "items", None)
         if items is None:
             raise ValueError(f"{where}: no items: give --items FILE.jsonl or a module-level items list")
+        eval_items = getattr(module, "eval_items", None)
+        if eval_items is not None and "eval_items" not in options:
+            options["eval_items"] = load_items(eval_items, f"{where} (eval_items)")
     elif split == "eval":
         items = getattr(module, "eval_items", None)
         if items is None:

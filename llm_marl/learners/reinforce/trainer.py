@@ -509,6 +509,9 @@ def _eval_split(env: ParallelEnv) -> tuple[ParallelEnv | None, str | None]:
         "or eval_dataset= with the drop-in constructor"
     )
     if type(env) is not DialogueEnv:
+        split = getattr(env, "eval_split", None)  # a ProgramEnv with eval_items
+        if callable(split) and (held_out := split()) is not None:
+            return held_out, None
         return None, f"the env is a {type(env).__name__}, not a DialogueEnv, so it has no eval split; {hint}"
     name = env.task.task_name
     try:
