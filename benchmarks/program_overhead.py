@@ -14,13 +14,12 @@ time and in CPU time of all the process's threads (which a busy machine inflates
 from __future__ import annotations
 
 import argparse
-import platform
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from llm_marl.envs import DialogueEnv, ProgramEnv  # noqa: E402
 from llm_marl.learners import MAGRPOConfig  # noqa: E402
@@ -28,16 +27,7 @@ from llm_marl.learners.tree import collect_trees  # noqa: E402
 from llm_marl.policies.scripted import ScriptedPolicy  # noqa: E402
 
 import test_programs  # noqa: E402  (the program and the task)
-
-
-def cpu_name() -> str:
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-            if line.startswith("Model name:"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown CPU"
+from machine import print_machine  # noqa: E402
 
 
 def main() -> None:
@@ -79,7 +69,8 @@ def main() -> None:
     runs_per_repeat = len(calls) / ns.repeats
     http_calls = runs_per_repeat * 2
     overhead_ms = (best["program"] - best["task"]) / http_calls * 1000
-    print(f"CPU: {cpu_name()}; {ns.items} items, K = 2, 2 turns; best of {ns.repeats}")
+    print_machine()
+    print(f"{ns.items} items, K = 2, 2 turns; best of {ns.repeats}")
     print(f"task trees {best['task'] * 1000:.1f} ms; program trees {best['program'] * 1000:.1f} ms; "
           f"{runs_per_repeat:.0f} program runs, {http_calls:.0f} calls")
     cpu_ms = (best["program_cpu"] - best["task_cpu"]) / http_calls * 1000

@@ -47,7 +47,8 @@ def test_a_misspelt_model_name_reads_the_same_from_both_in_their_words():
     with pytest.raises(assembly.AssemblyError) as shared:
         assembly.build_policies(["agent_0", "agent_1"], "smollm2-135n", MAGRPOConfig(), label="agent_model")
     with pytest.raises(ValueError) as drop_in:
-        MAGRPOTrainer(agent_model="smollm2-135n", reward_func=lambda a, b: [0.0], train_dataset=[{"prompt": "x"}], args=MAGRPOConfig())
+        # one turn: CoMLRL checks a second turn's external_transition before the model
+        MAGRPOTrainer(agent_model="smollm2-135n", reward_func=lambda a, b: [0.0], train_dataset=[{"prompt": "x"}], args=MAGRPOConfig(num_turns=1))
     with pytest.raises(UsageError) as cli:
         build_trainer({"env": "WritingCollab-v0", "policy": "lm", "model": "smollm2-135n", "num_turns": 1})
     assert str(drop_in.value) == str(shared.value)
