@@ -60,6 +60,24 @@ from llm_marl.envs.spaces import Utterance
 from llm_marl.tasks.base import CooperativeTask, TaskError, Turn, check_agent_rewards
 
 
+def check_joint_action(actions: Mapping[str, str], live: Sequence[str], acting: Sequence[str], where: str) -> None:
+    """``ValueError`` unless ``actions`` is a dict with a str for every agent in ``acting`` and
+    no key outside ``live`` (empty: the episode has ended); ``where`` names the env's place."""
+    if not live:
+        raise ValueError("the episode has ended (or reset() was never called); call reset() first")
+    if not isinstance(actions, Mapping):
+        raise ValueError(f"actions must be a dict agent -> str, got {type(actions).__name__}")
+    unknown = [a for a in actions if a not in live]
+    if unknown:
+        raise ValueError(f"actions for unknown or inactive agent(s) {unknown}; live agents are {list(live)}")
+    missing = [a for a in acting if a not in actions]
+    if missing:
+        raise ValueError(f"no action for acting agent(s) {missing} ({where})")
+    for agent in acting:
+        if not isinstance(actions[agent], str):
+            raise ValueError(f"action of agent {agent!r} must be a str, got {type(actions[agent]).__name__}")
+
+
 class Branch(NamedTuple):
     """One stepped fork: the forked env and what its ``step`` returned."""
 
@@ -241,20 +259,9 @@ class DialogueEnv(ParallelEnv):
         return f"task {self.task.task_name}, item {self.item_index}, turn {self.turn}"
 
     def _check_actions(self, actions: Mapping[str, str]) -> None:
-        if not self.agents:
-            raise ValueError("the episode has ended (or reset() was never called); call reset() first")
-        if not isinstance(actions, Mapping):
-            raise ValueError(f"actions must be a dict agent -> str, got {type(actions).__name__}")
-        unknown = [a for a in actions if a not in self.agents]
-        if unknown:
-            raise ValueError(f"actions for unknown or inactive agent(s) {unknown}; live agents are {self.agents}")
-        missing = [a for a in self._acting if a not in actions]
-        if missing:
-            raise ValueError(f"no action for acting agent(s) {missing} ({self._where()})")
+        check_joint_action(actions, self.agents, self._acting, self._where())
         for agent in self._acting:
             action = actions[agent]
-            if not isinstance(action, str):
-                raise ValueError(f"action of agent {agent!r} must be a str, got {type(action).__name__}")
             if not self._action_spaces[agent].contains(action):
                 raise ValueError(
                     f"action of agent {agent!r} is {len(action)} characters, over the limit of "

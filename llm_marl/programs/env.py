@@ -65,7 +65,7 @@ import numpy as np
 from gymnasium.utils import seeding
 from pettingzoo import ParallelEnv
 
-from llm_marl.envs.dialogue import Branch
+from llm_marl.envs.dialogue import Branch, check_joint_action
 from llm_marl.envs.spaces import Utterance
 from llm_marl.programs.endpoint import Endpoint
 from llm_marl.programs.errors import ProgramDivergenceError, ProgramError
@@ -349,16 +349,4 @@ class ProgramEnv(ParallelEnv):
         return ({a: NO_CALL for a in agents}, {a: reward for a in agents}, {a: True for a in agents}, {a: False for a in agents}, infos)
 
     def _check_actions(self, actions: Mapping[str, str]) -> None:
-        if not self.agents:
-            raise ValueError("the episode has ended (or reset() was never called); call reset() first")
-        if not isinstance(actions, Mapping):
-            raise ValueError(f"actions must be a dict agent -> str, got {type(actions).__name__}")
-        unknown = [a for a in actions if a not in self.agents]
-        if unknown:
-            raise ValueError(f"actions for unknown agent(s) {unknown}; the agents are {self.agents}")
-        missing = [a for a in self._acting if a not in actions]
-        if missing:
-            raise ValueError(f"no action for acting agent(s) {missing} ({self._where()})")
-        for agent in self._acting:
-            if not isinstance(actions[agent], str):
-                raise ValueError(f"action of agent {agent!r} must be a str, got {type(actions[agent]).__name__}")
+        check_joint_action(actions, self.agents, self._acting, self._where())
