@@ -82,8 +82,9 @@ def lm_policies(chat_model):
     return {a: CausalLMPolicy(copy.deepcopy(model), tokenizer, max_new_tokens=4, temperature=1.0, top_p=None, top_k=None) for a in ("writer", "editor")}
 
 
-def open_sockets() -> int:
-    return len(psutil.Process().net_connections(kind="inet"))
+def open_sockets() -> set:
+    """This process's open inet sockets (by their addresses)."""
+    return {(c.fd, c.laddr, c.raddr) for c in psutil.Process().net_connections(kind="inet")}
 
 
 def tree_summary(node, policies):
@@ -308,7 +309,7 @@ def test_unknown_models_hangs_and_bad_returns_fail_the_rollout_and_leave_no_thre
         client.chat.completions.create(model="writer", messages=[{"role": "user", "content": "go"}])
         return "good"
 
-    threads, sockets = threading.active_count(), open_sockets()
+    threads, sockets = set(threading.enumerate()), open_sockets()  # (other tests' threads may end meanwhile)
     cases = [(unknown, r"the program failed: a call was refused \(404\): The model `critic` does not exist. This server has: writer, editor."),
              (hangs, r"did not reach its next call or return within timeout_s=0.5 s"),
              (no_number, r"returned 'good', not a finite number")]
@@ -326,7 +327,7 @@ def test_unknown_models_hangs_and_bad_returns_fail_the_rollout_and_leave_no_thre
     del branches
     gc.collect()
     env.close()
-    assert threading.active_count() == threads and open_sockets() == sockets
+    assert set(threading.enumerate()) - threads == set() and open_sockets() - sockets == set()
 
 
 def test_program_env_passes_the_pettingzoo_parallel_api_test():

@@ -32,6 +32,10 @@ import weakref
 from typing import Any
 
 CLIENT_HEADER = "x-llm-marl-client"
+ORDER_HEADER = "x-llm-marl-order"
+"""The rank of a call among its run's calls in the order the program issued them (stamped by the
+client the run hands the program), so calls sent together are held in the program's order, not
+in the order they reach the server."""
 """Sent by the clients a ProgramEnv hands to programs: their calls count towards the step rule."""
 
 
@@ -145,7 +149,8 @@ def _app(runs: dict[str, Any], lock: threading.Lock) -> Any:
             run.fail(f"a call was refused ({exc.status}): {exc.message}")
             return error(exc)
         observation = parsed.messages if chat else parsed.prompts[0]
-        future = run.submit(parsed.model, observation, ours)
+        order = request.headers.get(ORDER_HEADER)
+        future = run.submit(parsed.model, observation, ours, int(order) if ours and order and order.isdigit() else None)
         if future is None:
             return error(ended)
         try:

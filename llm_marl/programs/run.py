@@ -10,7 +10,7 @@ waits at the endpoint until :meth:`ProgramRun.answer` gives it a reply.
 until the program has finished, or it is *waiting on the endpoint alone*: every request the
 given client has sent is held at the endpoint unanswered, at least one is, and (for an async
 program) its event loop has nothing left to run. The calls held then are one step: the first
-held call of each agent is that agent's observation; a second call of the same agent stays held
+held call of each agent (in the order the program issued them) is that agent's observation; a second call of the same agent stays held
 for the next step. So ``asyncio.gather`` of calls to two agents is one step of both, two calls
 in sequence are two steps, and the grouping does not depend on timing. Two limits, documented in
 docs/programs.md: an async program that sleeps (``asyncio.sleep``) counts as waiting, and calls
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import itertools
 import inspect
 import selectors
 import socket
@@ -34,7 +35,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
-from llm_marl.programs.endpoint import CLIENT_HEADER, Endpoint
+from llm_marl.programs.endpoint import CLIENT_HEADER, ORDER_HEADER, Endpoint
 
 
 NO_DELAY = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
@@ -60,6 +61,19 @@ class Call:
     """Resolved with the reply text by :meth:`ProgramRun.answer`."""
     ours: bool
     """Whether it came through the client the run handed the program."""
+    order: float = float("inf")
+    """Its rank in the order the program issued its calls (calls of other clients: after them, as they arrive)."""
+
+
+def _read_platform_now(client: Any) -> None:
+    """The async ``openai`` client reads its platform headers on a worker thread at its first
+    requests (one thread per call sent together), so calls gathered together would resume, and
+    be numbered, in the order those threads finish; read once here, they run in the program's
+    order. (A client without that attribute is left as it is.)"""
+    if getattr(client, "_platform", "absent") is None:
+        from openai._base_client import get_platform
+
+        client._platform = get_platform()
 
 
 def is_async(program: Callable[..., Any]) -> bool:
@@ -80,6 +94,7 @@ class ProgramRun:
         self.pending: list[Call] = []
         self._in_flight = 0  # requests the handed client has sent and not yet had answered
         self._held_ours = 0  # of those, the ones held at the endpoint
+        self._issued = itertools.count()  # numbers the program's calls as it issues them
         self._idle = not self.is_async  # a sync program is blocked while its call is out
         self.done = False
         self.result: Any = None
@@ -144,13 +159,15 @@ class ProgramRun:
 
     # --- the endpoint's side ---------------------------------------------------------------------
 
-    def submit(self, agent: str, observation: Any, ours: bool) -> concurrent.futures.Future | None:
-        """Hold a call until it is answered; None when the run has ended."""
+    def submit(self, agent: str, observation: Any, ours: bool, order: int | None = None) -> concurrent.futures.Future | None:
+        """Hold a call until it is answered, among the held calls in the order the program issued
+        them (``order``); None when the run has ended."""
         with self._cond:
             if self.cancelled or self.done:
                 return None
-            call = Call(agent, observation, concurrent.futures.Future(), ours)
+            call = Call(agent, observation, concurrent.futures.Future(), ours, float("inf") if order is None else order)
             self.pending.append(call)
+            self.pending.sort(key=lambda held: held.order)  # stable: unordered calls keep their arrival order
             if ours:
                 self._held_ours += 1
             self._cond.notify_all()
@@ -194,6 +211,11 @@ class ProgramRun:
                 self.done = True
                 self._cond.notify_all()
 
+    def _stamp(self, request: Any) -> None:
+        """Number a call as the program issues it (:data:`ORDER_HEADER`); called on the program's
+        thread, before the request is sent."""
+        request.headers[ORDER_HEADER] = str(next(self._issued))
+
     def _client_kwargs(self) -> dict[str, Any]:
         return {"base_url": self.base_url, "api_key": "llm-marl", "max_retries": 0, "default_headers": {CLIENT_HEADER: "1"}}
 
@@ -205,6 +227,7 @@ class ProgramRun:
 
         class Counting(httpx.HTTPTransport):
             def handle_request(self, request: httpx.Request) -> httpx.Response:
+                run._stamp(request)
                 run._count(+1)
                 try:
                     return super().handle_request(request)
@@ -223,6 +246,7 @@ class ProgramRun:
 
         class Counting(httpx.AsyncHTTPTransport):
             async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+                run._stamp(request)
                 run._count(+1)
                 try:
                     return await super().handle_async_request(request)
@@ -232,6 +256,7 @@ class ProgramRun:
         async def main() -> Any:
             async with httpx.AsyncClient(transport=Counting(verify=False, socket_options=NO_DELAY), timeout=None) as http:
                 client = openai.AsyncOpenAI(http_client=http, **self._client_kwargs())
+                _read_platform_now(client)
                 return await self.program(self.item, client)
 
         loop = asyncio.SelectorEventLoop(_IdleSelector(self))
