@@ -57,6 +57,16 @@ def weights_changed(tensors: Iterable[torch.Tensor] | None = None) -> int:
     return _NOW
 
 
+def weights_follow(tensors: Iterable[torch.Tensor], sources: Iterable[torch.Tensor]) -> None:
+    """Note that ``tensors`` now hold the weights of ``sources`` (an FSDP unshard writes the full
+    tensors from the shards the optimizer stepped): their last change is at least that of
+    ``sources``, and no new epoch begins (answers drawn since the sources last changed stay
+    drawn by the weights ``tensors`` hold)."""
+    since = weights_epoch(sources)
+    for tensor in tensors:
+        _CHANGED[id(tensor)] = max(_CHANGED.get(id(tensor), 0), since)
+
+
 def last_change(tensor: torch.Tensor) -> int:
     """The epoch of the newest notice covering ``tensor`` (0: none since the process started)."""
     return max(_CHANGED.get(id(tensor), 0), _EVERYTHING)

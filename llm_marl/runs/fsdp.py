@@ -49,7 +49,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from llm_marl.policies.weight_changes import weights_changed
+from llm_marl.policies.weight_changes import weights_changed, weights_follow
 
 __all__ = [
     "Lockstep",
@@ -455,9 +455,13 @@ class ShardedModel:
 
     @contextmanager
     def accumulating(self) -> Iterator[None]:
-        """Full weights; forward/backward passes accumulate this rank's full gradients locally."""
+        """Full weights; forward/backward passes accumulate this rank's full gradients locally.
+        The full tensors follow the shards' last change (an optimizer step on the shards is one
+        of the full weights: answers drawn before it are not scored as drawn by them)."""
+        shards = list(self.model.parameters())
         with torch.no_grad():
             self._unshard()
+        weights_follow(list(self.model.parameters()), shards)
         for unit in self.units:
             unit.set_requires_gradient_sync(False, recurse=False)
             unit.set_reshard_after_backward(False, recurse=False)
