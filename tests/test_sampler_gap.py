@@ -105,7 +105,12 @@ def test_answers_sampled_through_hf_generate_are_measured_too(model_dir):
 def test_a_team_logs_each_agents_gap_from_its_one_scoring_forward(model_dir):
     team = LoRATeam.from_pretrained(model_dir, agents=("agent_0", "agent_1"), r=4, alpha=8, sample_dtype="bfloat16", **SETTINGS)
     trainer = MAGRPOTrainer(env=lm_env(), policies=team.policies, args=lm_config(agent_learning_rate=0.2))
-    trainer.train()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        trainer.train()
+    # healthy: agent_1's gap spikes past its threshold on two steps in a row (one sampled token
+    # far off), which is not the lasting gap of a lagging sampler (GAP_PERSISTENCE)
+    assert not [w for w in caught if "sampler_gap" in str(w.message) or "log-probs differ" in str(w.message)]
     for agent in ("agent_0", "agent_1"):
         found = gaps(trainer, agent)
         assert len(found) >= 4 and all(0 < g < 0.15 for g in found), (agent, found)

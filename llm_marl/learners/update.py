@@ -24,7 +24,7 @@ from llm_marl.advantages import answer_entropies, sample_losses
 from llm_marl.learners.buffer import Sample
 from llm_marl.learners.staleness import SamplerStalenessError, StalenessChecks
 from llm_marl.learners.tree import ask_team
-from llm_marl.policies.base import GAP_BASELINE_MULTIPLE, Policy, calibrated_threshold, gap_baseline, take_token_entropy
+from llm_marl.policies.base import GAP_BASELINE_MULTIPLE, GAP_PERSISTENCE, Policy, calibrated_threshold, gap_baseline, take_token_entropy
 from llm_marl.policies.weight_changes import optimizer_parameters, weights_changed
 from llm_marl.runs.fsdp import grad_norm as sharded_grad_norm
 from llm_marl.runs.fsdp import is_sharded
@@ -236,7 +236,8 @@ class JointUpdate(StalenessChecks):
         token of the answers scored for this step that it sampled with the same weights; see
         :class:`~llm_marl.policies.base.GapMeter`). Past a threshold calibrated on the run's first
         measured gap (:func:`~llm_marl.policies.base.calibrated_threshold`: a multiple of it, at most
-        the sampler dtype's default) it warns once per agent; past ``max_sampler_gap`` it raises :class:`SamplerGapError` (no agent
+        the sampler dtype's default) on :data:`~llm_marl.policies.base.GAP_PERSISTENCE` optimizer
+        steps in a row it warns once per agent; past ``max_sampler_gap`` it raises :class:`SamplerGapError` (no agent
         is updated). Distributed: the ranks' tokens are pooled, so every rank decides alike."""
         limit = getattr(self.args, "max_sampler_gap", None)
         for agent in agents:
@@ -259,13 +260,17 @@ class JointUpdate(StalenessChecks):
             )
             if limit is not None and gap > limit:
                 raise SamplerGapError(f"{where}, past max_sampler_gap={limit:g}; {GAP_CAUSES}")
+            over = self.__dict__.setdefault("_gaps_over", {})  # steps in a row past the threshold
             if gap <= threshold:
                 baselines[agent] = gap_baseline(baseline, gap)  # a gap past it does not raise the bar
-            else:
+                over[agent] = 0
+                continue
+            over[agent] = over.get(agent, 0) + 1
+            if over[agent] >= GAP_PERSISTENCE:
                 self._warn_once(
                     f"sampler_gap/{agent}",
                     f"{where}, past the threshold {threshold:g} ({_calibration(baseline)}, at most the default "
-                    f"{meter.threshold:g} for {meter.dtype} sampling): the answers "
+                    f"{meter.threshold:g} for {meter.dtype} sampling) for {over[agent]} optimizer steps in a row: the answers "
                     f"are not quite drawn from the policy being trained; {GAP_CAUSES}. max_sampler_gap stops a run instead",
                 )
 

@@ -73,6 +73,16 @@ far (:func:`gap_baseline`), between a tenth of the dtype's default threshold and
 0.045 per token over 9 steps of the tiny model at lr 0.05, at most 2.1x from one step to the
 next); a sampler one optimizer step behind jumps to 10-20x the healthy gap at once."""
 
+GAP_PERSISTENCE = 3
+"""The gap warns only when it is past its threshold on this many optimizer steps in a row: a
+sampler that lags stays off, while a step's gap over a few dozen tokens can spike, alone or
+twice (on SmolLM2-135M with a bf16 sampler, a healthy step of 48 tokens measured 0.149, 6.7x
+the step before, from one token 3.3 nats off, and the steps after it 0.03; a tiny LoRA team at
+lr 0.2 measured 0.022 and 0.020 on two steps between gaps of 0.003). A sampler one step
+behind stays past it: on the main job (two SmolLM2-135M LoRA adapters, ``--sample_dtype
+bfloat16``) 0.15-1.8 on every step from the second on, against 0.011-0.073 when healthy
+(``benchmarks/sampler_lag.py``)."""
+
 
 def gap_baseline(previous: float | None, gap: float) -> float:
     """The running baseline after a step that measured ``gap``: the mean of ``previous`` and
