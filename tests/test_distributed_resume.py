@@ -29,7 +29,7 @@ import os, sys, torch
 torch.set_num_threads(1)
 from llm_marl import cli
 base = {base!r}
-runs = [("full", []), ("split", ["--max_steps", str({stop})]), ("split", ["--resume"])]
+runs = [("full", []), ("split", ["--max_steps", str({stop})]), ("split", ["--resume"])] + {more!r}
 for name, extra in runs:
     code = cli.main(base + ["--output_dir", os.path.join({out!r}, name)] + extra)
     assert code == 0, (name, extra, code)
@@ -49,10 +49,11 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def launch(tmp_path, argv: list[str], stop: int, nproc: int = 2) -> subprocess.CompletedProcess:
-    """The rank script under torchrun on ``nproc`` gloo ranks."""
+def launch(tmp_path, argv: list[str], stop: int, nproc: int = 2, more: list | None = None) -> subprocess.CompletedProcess:
+    """The rank script under torchrun on ``nproc`` gloo ranks; ``more``: (folder, arguments) of
+    runs after the three it always makes."""
     script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT.format(base=argv, stop=stop, out=str(tmp_path)))
+    script.write_text(RANK_SCRIPT.format(base=argv, stop=stop, out=str(tmp_path), more=more or []))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     env.update(OMP_NUM_THREADS="1", PYTHONPATH=os.pathsep.join([os.path.dirname(TESTS), os.environ.get("PYTHONPATH", "")]))
     return subprocess.run(
@@ -98,8 +99,8 @@ def ranks_samples(checkpoint_dir) -> list[dict[str, list[int]]]:
     return found
 
 
-def assert_resume_is_exact(tmp_path, argv: list[str], stop: int) -> None:
-    done = launch(tmp_path, argv, stop)
+def assert_resume_is_exact(tmp_path, argv: list[str], stop: int, more: list | None = None) -> None:
+    done = launch(tmp_path, argv, stop, more=more)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # the stop left samples in the buffers, each rank its own items
     at_stop = ranks_samples(tmp_path / "split" / f"checkpoint-{stop}")
@@ -114,7 +115,14 @@ def assert_resume_is_exact(tmp_path, argv: list[str], stop: int) -> None:
 
 
 def test_two_ranks_stopped_with_partly_filled_buffers_resume_exactly(tmp_path):
-    assert_resume_is_exact(tmp_path, TABULAR + COMMON, stop=3)
+    # and a run started again with --overwrite by both ranks: rank 0 alone moves the old one aside
+    again = [("again", ["--max_steps", "1"]), ("again", ["--overwrite", "--max_steps", "2"])]
+    assert_resume_is_exact(tmp_path, TABULAR + COMMON, stop=3, more=again)
+    aside = [p for p in os.listdir(tmp_path) if p.startswith("again.replaced-")]
+    assert len(aside) == 1 and sorted(p for p in os.listdir(tmp_path / aside[0]) if p.startswith("checkpoint-")) == ["checkpoint-1"]
+    assert sorted(p for p in os.listdir(tmp_path / "again") if p.startswith("checkpoint-")) == ["checkpoint-1", "checkpoint-2"]
+    assert os.path.isdir(tmp_path / "again" / "checkpoint-2" / "rank_1") and os.path.isdir(tmp_path / aside[0] / "checkpoint-1" / "rank_1")
+    assert json.load(open(tmp_path / "again" / "run.json"))["run_id"] != json.load(open(tmp_path / aside[0] / "run.json"))["run_id"]
     # the same checkpoint, written by 2 ranks with samples buffered, is refused by one process
     resumed = subprocess.run(
         [sys.executable, "-m", "llm_marl.cli", *TABULAR, *COMMON, "--output_dir", str(tmp_path / "one"),
