@@ -30,9 +30,21 @@ torch.set_num_threads(1)
 from llm_marl import cli
 base = {base!r}
 runs = [("full", []), ("split", ["--max_steps", str({stop})]), ("split", ["--resume"])] + {more!r}
+if any(name == "term" for name, _ in runs):  # rank 1 alone gets SIGTERM after the batch reaching step {stop}
+    import signal
+    from llm_marl.learners import MAGRPOTrainer
+    after_batch, sent = MAGRPOTrainer._after_batch, []
+
+    def _after_batch(self, *args, **kwargs):
+        after_batch(self, *args, **kwargs)
+        if os.environ["RANK"] == "1" and self.state.global_step == {stop} and os.path.basename(self.args.output_dir) == "term" and not sent:
+            sent.append(True)
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    MAGRPOTrainer._after_batch = _after_batch
 for name, extra in runs:
     code = cli.main(base + ["--output_dir", os.path.join({out!r}, name)] + extra)
-    assert code == 0, (name, extra, code)
+    assert code == (143 if name == "term" and not extra else 0), (name, extra, code)
 sys.stdout.flush(); sys.stderr.flush()
 os._exit(0)  # results are written: skip interpreter teardown, where gloo's threads can abort a rank
 """
@@ -99,25 +111,33 @@ def ranks_samples(checkpoint_dir) -> list[dict[str, list[int]]]:
     return found
 
 
-def assert_resume_is_exact(tmp_path, argv: list[str], stop: int, more: list | None = None) -> None:
+def assert_resume_is_exact(tmp_path, argv: list[str], stop: int, more: list | None = None, stopped: str = "split") -> None:
+    """``stopped`` (stopped at step ``stop``, then resumed) ends as the uninterrupted run did."""
     done = launch(tmp_path, argv, stop, more=more)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert_same_as_uninterrupted(tmp_path, stopped, stop)
+
+
+def assert_same_as_uninterrupted(tmp_path, stopped: str, stop: int) -> None:
     # the stop left samples in the buffers, each rank its own items
-    at_stop = ranks_samples(tmp_path / "split" / f"checkpoint-{stop}")
+    at_stop = ranks_samples(tmp_path / stopped / f"checkpoint-{stop}")
     assert any(at_stop[1].values()), f"no rank-1 sample buffered at the stop: the cell tests nothing ({at_stop})"
     assert at_stop[0] != at_stop[1], at_stop
-    full, split = final_weights(tmp_path / "full"), final_weights(tmp_path / "split")
+    full, split = final_weights(tmp_path / "full"), final_weights(tmp_path / stopped)
     assert full and full.keys() == split.keys()
     for agent in full:
         differ = [n for n in full[agent] if not torch.equal(full[agent][n], split[agent][n])]
         assert not differ, f"resumed {agent} differs from the uninterrupted run in {differ[:3]}"
-    assert metrics_lines(tmp_path / "full") == metrics_lines(tmp_path / "split")
+    assert metrics_lines(tmp_path / "full") == metrics_lines(tmp_path / stopped)
 
 
 def test_two_ranks_stopped_with_partly_filled_buffers_resume_exactly(tmp_path):
+    # and a run that rank 1 alone gets SIGTERM in: both ranks stop after that batch, each writes
+    # its own state into the closing checkpoint, and the resume ends as the uninterrupted run;
     # and a run started again with --overwrite by both ranks: rank 0 alone moves the old one aside
-    again = [("again", ["--max_steps", "1"]), ("again", ["--overwrite", "--max_steps", "2"])]
-    assert_resume_is_exact(tmp_path, TABULAR + COMMON, stop=3, more=again)
+    more = [("term", []), ("term", ["--resume"]), ("again", ["--max_steps", "1"]), ("again", ["--overwrite", "--max_steps", "2"])]
+    assert_resume_is_exact(tmp_path, TABULAR + COMMON, stop=3, more=more)
+    assert_same_as_uninterrupted(tmp_path, "term", 3)
     aside = [p for p in os.listdir(tmp_path) if p.startswith("again.replaced-")]
     assert len(aside) == 1 and sorted(p for p in os.listdir(tmp_path / aside[0]) if p.startswith("checkpoint-")) == ["checkpoint-1"]
     assert sorted(p for p in os.listdir(tmp_path / "again") if p.startswith("checkpoint-")) == ["checkpoint-1", "checkpoint-2"]
