@@ -1,17 +1,19 @@
 """examples/program_team.py's program learns on SmolLM2-135M, against a reward-blind control.
 
-The program ``team`` (a writer drafts a sentence about a topic, an editor rewrites it; the
-program scores the edited line: the share of the topic's words it mentions plus a length term)
-is trained as ``llm-marl train --program examples/program_team.py:team --policy lm --model
-smollm2-135m --learner magrpo`` builds it: two SmolLM2-135M-Instruct LoRA adapters on one frozen
-base, every call going through the program's ``openai`` client and the local endpoint. For each
-seed the real MAGRPO learner and its reward-blind control (``tests/controls.py``: each group's
-advantages shuffled, same seed, same start, same items) are trained for ``max_steps`` optimizer
-steps. The eval return (``eval/turn_2/expected_return``: one sampled episode on each of the
-module's 8 held-out ``eval_items``, the same draws for every run) is measured before and after::
+The program ``team`` (a writer drafts a short sentence about a topic, an editor shortens it; the
+program scores the edited line from 0 to 1: half for the share of the topic's words it names,
+half for brevity, full up to 8 words and none from 24) is trained as ``llm-marl train --program
+examples/program_team.py:team --policy lm --model smollm2-135m --learner magrpo`` builds it: two
+SmolLM2-135M-Instruct LoRA adapters on one frozen base, every call going through the program's
+``openai`` client and the local endpoint. For each seed the real MAGRPO learner and its
+reward-blind control (``tests/controls.py``: each group's advantages shuffled, same seed, same
+start, same items) are trained for ``max_steps`` optimizer steps (two passes over the module's 8
+training topics). The eval return (``eval/turn_2/expected_return``: one sampled episode on each
+of the module's 16 held-out ``eval_items``, the same draws for every run) is measured before and
+after::
 
-    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/program_team.py --seeds 0 1 2 --out program_team.json
-    python benchmarks/program_team.py --seeds 0 --runs magrpo --keep runs/    # keep the run: llm-marl view runs/seed-0
+    OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/program_team.py --seeds 0 1 2 --keep runs/ --out program_team.json
+    llm-marl view runs/seed-0                                                   # a kept MAGRPO run's trees
     python benchmarks/program_team.py --summary program_team.json               # reprint a saved run
 
 The model is fetched and converted on first use (``llm_marl.policies.models``).
@@ -43,19 +45,20 @@ RUN = {
     "lora_alpha": 16.0,
     "lora_target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
     "num_generations": 2,
-    "num_train_epochs": 1,
+    "num_train_epochs": 2,
     "items_per_step": 2,
     "rollout_buffer_size": 2,
-    "max_steps": 8,
+    "max_steps": 24,
     "max_new_tokens": 24,
-    "temperature": 0.8,
-    "top_p": 1.0,
+    "temperature": 0.7,
+    "top_p": 0.9,
     "top_k": None,
     "agent_learning_rate": 2e-3,
     "early_termination_threshold": None,
+    "advantage_normalization": False,
     "reference_kl_enabled": False,
     "eval_interval": 0,
-    "eval_num_samples": 8,
+    "eval_num_samples": 16,
     "eval_batch_size": 8,
     "logging_steps": 1,
     "max_grad_norm": 1.0,

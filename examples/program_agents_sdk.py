@@ -24,16 +24,16 @@ items = [{"topic": topic} for topic in ("the sea", "a small ship", "the weather 
 
 
 async def team(item: dict, client) -> tuple[float, dict]:
-    """The writer's SDK agent drafts, the editor's edits; the program scores the edit."""
+    """The writer's SDK agent drafts, the editor's shortens the draft; the program scores the result."""
     from agents import Agent, OpenAIChatCompletionsModel, Runner, set_tracing_disabled
 
     set_tracing_disabled(True)  # no traces sent anywhere
-    writer = Agent(name="writer", instructions="Write one sentence about the topic.",
+    writer = Agent(name="writer", instructions="Write a short sentence about the topic.",
                    model=OpenAIChatCompletionsModel(model="writer", openai_client=client))
-    editor = Agent(name="editor", instructions="You edit sentences: keep them short.",
+    editor = Agent(name="editor", instructions="You shorten sentences to at most eight words.",
                    model=OpenAIChatCompletionsModel(model="editor", openai_client=client))
     draft = (await Runner.run(writer, f"Topic: {item['topic']}")).final_output
-    edited = (await Runner.run(editor, f"Edit: {draft}")).final_output
+    edited = (await Runner.run(editor, f"Shorten this sentence about {item['topic']}: {draft}")).final_output
     return score(item["topic"], edited), {"draft": draft, "edited": edited}
 
 

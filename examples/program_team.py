@@ -1,8 +1,8 @@
 """A multi-agent program written only with the ``openai`` client, trained as it is.
 
-A writer drafts a line about a topic; an editor is shown the draft and rewrites it. The program
-scores the team itself: the edited line should mention the topic's words and stay short. Nothing
-here knows about llm_marl: ``team(item, client)`` is what you would run against any
+A writer drafts a line about a topic; an editor is shown the draft and shortens it. The program
+scores the team itself: the edited line should name the topic's words in at most eight words.
+Nothing here knows about llm_marl: ``team(item, client)`` is what you would run against any
 OpenAI-compatible server. llm_marl hands it a client on a local endpoint where each ``model``
 is an agent it trains (docs/programs.md).
 
@@ -26,7 +26,9 @@ items = [{"topic": topic} for topic in ("the sea", "a small ship", "the weather 
                                          "the old forest", "a red apple", "the night sky", "a busy city")]
 """The program's inputs, one rollout each."""
 eval_items = [{"topic": topic} for topic in ("the mountain river", "a quiet library", "the winter snow", "a green garden",
-                                              "the morning sun", "a lost dog", "the desert wind", "a warm kitchen")]
+                                              "the morning sun", "a lost dog", "the desert wind", "a warm kitchen",
+                                              "the empty beach", "a tall tower", "the spring rain", "a new school",
+                                              "the dark cave", "a happy child", "the long road", "a small village")]
 """Held-out topics: the eval split (``llm-marl train --program`` and ``program_env`` evaluate on them)."""
 
 
@@ -37,22 +39,23 @@ SIMPLE_TEMPLATE = (
 
 
 def score(topic: str, edited: str) -> float:
-    """The share of the topic's words the edited line mentions, plus 0.05 a word up to 8 words,
-    less 0.05 a word past 12."""
+    """From 0 to 1: half for the share of the topic's words the edited line names, half for its
+    brevity (all of it up to 8 words, none from 24 words, 1/16 less a word between)."""
     wanted = set(topic.lower().split())
-    said = set(edited.lower().replace(".", " ").split())
-    count = len(edited.split())
-    return len(wanted & said) / len(wanted) + 0.05 * min(count, 8) - 0.05 * max(0, count - 12)
+    said = set(edited.lower().replace(".", " ").replace(",", " ").split())
+    brevity = min(1.0, max(0.0, (24 - len(edited.split())) / 16))
+    return 0.5 * len(wanted & said) / len(wanted) + 0.5 * brevity
 
 
 def team(item: dict, client) -> tuple[float, dict]:
     """Writer, then editor; returns the team's score and the draft (shown in the run's trees)."""
     draft = client.chat.completions.create(
-        model="writer", messages=[{"role": "user", "content": f"Write one sentence about {item['topic']}."}]
+        model="writer", messages=[{"role": "user", "content": f"Write a short sentence about {item['topic']}."}]
     ).choices[0].message.content
     edited = client.chat.completions.create(
         model="editor",
-        messages=[{"role": "system", "content": "You edit sentences: keep them short."}, {"role": "user", "content": f"Edit: {draft}"}],
+        messages=[{"role": "system", "content": "You shorten sentences to at most eight words."},
+                  {"role": "user", "content": f"Shorten this sentence about {item['topic']}: {draft}"}],
     ).choices[0].message.content
     return score(item["topic"], edited), {"draft": draft, "edited": edited}
 

@@ -3,7 +3,10 @@ tiny model given a chat template (a program's calls are lists of messages)."""
 
 from __future__ import annotations
 
+import base64
+import gzip
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -57,7 +60,16 @@ def test_train_program_from_the_command_with_agents_and_items_from_flags(tiny_ch
     assert code == 0, printed
     assert "1 optimizer step" in printed and "rollout trees recorded" in printed
     trees = [json.loads(line) for path in (out / "rollouts").iterdir() for line in path.read_text().splitlines() if line.strip()]
-    assert trees and "Write one sentence about" in json.dumps(trees[0])
+    assert trees and "Write a short sentence about" in json.dumps(trees[0])
+
+    assert cli.main(["view", str(out)]) == 0  # the run opens in the viewer: its page holds the program's calls and details
+    page = (out / "viewer.html").read_text()
+    blocks = re.findall(r'<script type="application/x-ndjson" id="rollouts-\d+">\n(.*?)\n</script>', page, re.S)
+    blocks += [gzip.decompress(base64.b64decode(data)).decode()
+               for data in re.findall(r'<script type="application/octet-stream" data-encoding="gzip\+base64" id="rollouts-\d+">([^<]*)</script>', page)]
+    shown = [json.loads(line) for block in blocks for line in block.splitlines() if line.strip()]
+    assert sorted(map(json.dumps, shown)) == sorted(map(json.dumps, trees))
+    assert all(word in json.dumps(shown) for word in ("Write a short sentence about", "Shorten this sentence about ", '"draft"', '"edited"'))
 
 
 def test_program_flag_errors_name_the_flag(capsys, scratch_registry):
@@ -82,9 +94,9 @@ def test_the_agents_sdk_example_is_one_step_per_sdk_agent_and_trains_for_a_step(
     env = ProgramEnv(program_agents_sdk.team, program_agents_sdk.agents, program_agents_sdk.items)
     observations, _ = env.reset(options={"index": 0})
     assert env.acting_agents == ["writer"]
-    assert observations["writer"] == [{"role": "system", "content": "Write one sentence about the topic."}, {"role": "user", "content": "Topic: the sea"}]
+    assert observations["writer"] == [{"role": "system", "content": "Write a short sentence about the topic."}, {"role": "user", "content": "Topic: the sea"}]
     observations, *_ = env.step({"writer": "The sea is wide."})
-    assert env.acting_agents == ["editor"] and observations["editor"][1] == {"role": "user", "content": "Edit: The sea is wide."}
+    assert env.acting_agents == ["editor"] and observations["editor"][1] == {"role": "user", "content": "Shorten this sentence about the sea: The sea is wide."}
     _, rewards, terminations, _, infos = env.step({"editor": "The sea."})
     assert rewards["writer"] == pytest.approx(program_agents_sdk.score("the sea", "The sea.")) and all(terminations.values())
     assert infos["editor"]["reward_details"] == {"draft": "The sea is wide.", "edited": "The sea."}
