@@ -195,12 +195,9 @@ class MAGRPOTrainer(AgentsByName, JointUpdate):
         self.sharded: dict[str, Any] = shard_agents(self, optimizers) if self.args.fsdp else {}  # agent -> ShardedModel
         self.trainable = {a: [p for p in self.policies[a].parameters() if p.requires_grad] for a in self.agent_ids}
         if optimizers is None:
-            self.optimizer_by_agent = {
-                a: default_optimizer(params, lr=self.args.learning_rate_of(self.agent_ids.index(a)),
-                                     weight_decay=self.args.weight_decay, kind=self.args.optim)
-                for a, params in self.trainable.items()
-                if params
-            }
+            rate = {a: self.args.learning_rate_of(i) for i, a in enumerate(self.agent_ids)}  # agent_learning_rates
+            self.optimizer_by_agent = {a: default_optimizer(params, lr=rate[a], weight_decay=self.args.weight_decay, kind=self.args.optim)
+                                       for a, params in self.trainable.items() if params}
         else:
             self.optimizer_by_agent = _by_agent(optimizers, self.agent_ids, "optimizers")
         self.eval_logger = eval_logger
