@@ -220,6 +220,13 @@ def test_per_agent_learning_rates_and_sgd_step_each_agent_by_hand():
     # the default: AdamW at agent_learning_rate for every agent
     plain = trainer()
     assert [(type(o).__name__, o.param_groups[0]["lr"]) for o in plain.optimizer_by_agent.values()] == [("AdamW", 0.3)] * 2
+    # the actor-critic learners build their actors' optimizers the same way (critics: critic_learning_rate)
+    from llm_marl.learners import IACConfig, IACTrainer
+
+    iac = IACTrainer(env=DialogueEnv(ColourMatch(num_items=4, num_turns=1)), policies=[TabularPolicy(MENU), TabularPolicy(MENU)],
+                     args=IACConfig(num_turns=1, num_generations=1, agent_learning_rates=[0.1, 0.3], optim="sgd", critic_learning_rate=0.05))
+    assert [(type(o).__name__, o.param_groups[0]["lr"]) for o in iac.optimizer_by_agent.values()] == [("SGD", 0.1), ("SGD", 0.3)]
+    assert {(type(o).__name__, o.param_groups[0]["lr"]) for o in iac.critic_optimizers.values()} == {("SGD", 0.05)}
 
 
 def test_annealing_and_two_timescales_resume_exactly(tmp_path):
