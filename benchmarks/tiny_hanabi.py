@@ -65,7 +65,8 @@ class IndependentREINFORCETrainer(MAREINFORCETrainer):
 
 SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "configs", "tiny_hanabi.yaml")
 """The shipped setting (docs/games.md): its row is MAGRPO with this file's options against collapse."""
-OPTIONS = ("tree_return_aggregation", "tree_return_temperature", "dynamic_sampling", "dynamic_sampling_budget", "entropy_coef")
+OPTIONS = ("tree_return_aggregation", "tree_return_temperature", "dynamic_sampling", "dynamic_sampling_budget", "entropy_coef",
+           "entropy_coef_final", "agent_learning_rates", "optim", "advantage_normalization", "agent_learning_rate")
 
 
 def shipped_options() -> dict:
@@ -111,7 +112,9 @@ def settings(learner: str, args: argparse.Namespace, seed: int) -> dict:
 
 
 def _value(text: str):
-    """A --magrpo-option value: a bool, an int, a float or a string."""
+    """A --magrpo-option value: a bool, an int, a float, a comma-separated list of them or a string."""
+    if "," in text:
+        return [_value(part) for part in text.split(",")]
     if text in ("true", "false"):
         return text == "true"
     for kind in (int, float):

@@ -144,6 +144,20 @@ MUTANTS: list[Mutant] = [
         ("tests/test_stalls.py",),
     ),
     Mutant(
+        "the annealed entropy bonus keeps its first coefficient",
+        "llm_marl/learners/stalls.py",
+        "    return start + (final - start) * min(max(batch / (batches - 1), 0.0), 1.0)",
+        "    return start",
+        ("tests/test_stalls.py",),
+    ),
+    Mutant(
+        "agent_learning_rates is ignored: every agent gets agent_learning_rate",
+        "llm_marl/learners/config.py",
+        "return self.agent_learning_rate if self.agent_learning_rates is None else self.agent_learning_rates[position]",
+        "return self.agent_learning_rate",
+        ("tests/test_stalls.py",),
+    ),
+    Mutant(
         "every agent's answers are credited by agent 0's position",
         "llm_marl/advantages.py",
         "groups[combo[position]].append(value)",

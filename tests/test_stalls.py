@@ -1,6 +1,7 @@
 """Collapsed groups (issue 44): the stall metrics (``train/<agent>/zero_advantage_groups``,
 ``train/<agent>/entropy``) and the options against collapse — dynamic sampling, the entropy
-bonus and optimistic credit in turn-based trees — each against numbers computed by hand."""
+bonus and its annealing, optimistic credit in turn-based trees, per-agent learning rates and
+plain SGD (two timescales) — each against numbers computed by hand."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from llm_marl.advantages import aggregate_children, group_advantages  # noqa: E4
 from llm_marl.envs.dialogue import DialogueEnv  # noqa: E402
 from llm_marl.learners import MAGRPOConfig, MAGRPOTrainer  # noqa: E402
 from llm_marl.learners.buffer import Sample  # noqa: E402
-from llm_marl.learners.stalls import note_stalls  # noqa: E402
+from llm_marl.learners.stalls import entropy_coefficient, note_stalls  # noqa: E402
 from llm_marl.learners.tree import _compute_returns  # noqa: E402
 from llm_marl.policies.base import Completion  # noqa: E402
 from llm_marl.policies.tabular import TabularPolicy  # noqa: E402
@@ -153,6 +154,98 @@ def test_dynamic_sampling_stops_and_resumes_exactly(tmp_path):
         assert torch.equal(resumed.policies[agent].logits, full.policies[agent].logits)
 
 
+# --- the annealed entropy bonus, two timescales ----------------------------------------------
+
+
+def test_the_annealed_coefficient_is_linear_from_the_first_batch_to_the_last():
+    # 0.4 -> 0 over 5 batches: 0.4 - 0.4 * b / 4
+    assert [entropy_coefficient(0.4, 0.0, b, 5) for b in range(5)] == pytest.approx([0.4, 0.3, 0.2, 0.1, 0.0], abs=1e-12)
+    assert entropy_coefficient(0.4, 0.0, 5, 5) == 0.0  # an epoch's closing update after the last batch
+    assert entropy_coefficient(0.1, 0.5, 1, 3) == pytest.approx(0.3, abs=1e-12)  # rising works too
+    assert entropy_coefficient(0.4, None, 3, 5) == 0.4  # not annealed
+    assert entropy_coefficient(0.4, 0.0, 0, 1) == 0.0  # a one-batch run: the final coefficient
+
+
+def test_the_trainer_anneals_the_entropy_bonus_batch_by_batch(tmp_path):
+    """2 epochs x 2 batches: the coefficient at batch b is 0.6 - 0.6 * b / 3 = 0.6, 0.4, 0.2, 0,
+    logged as train/entropy_coef; the bonus in the loss uses it."""
+    import llm_marl.learners.update as update
+
+    t = trainer(num_train_epochs=2, entropy_coef=0.6, entropy_coef_final=0.0, logging_steps=1, output_dir=str(tmp_path))
+    used, entropies = [], []
+    bonus, per_answer = t._entropy_bonus, update.answer_entropies
+
+    def entropy_spy(entropy, mask):
+        entropies.append(per_answer(entropy, mask).detach())
+        return entropies[-1]
+
+    def spy(agent, batch):  # the coefficient the loss used: its bonus over the entropies it was given
+        entropies.clear()
+        result = bonus(agent, batch)
+        sizes = [len(s.completions) for s in batch]
+        total = float(sum(chunk.mean() for chunk in entropies[0].split(sizes))) if entropies else None
+        used.append((t.state.batch_step, 0.0 if result is None else round(float(result) / total, 6)))
+        return result
+
+    t._entropy_bonus = spy
+    update.answer_entropies = entropy_spy
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t.train()
+    finally:
+        update.answer_entropies = per_answer
+    assert sorted(set(used)) == [(0, 0.6), (1, 0.4), (2, 0.2), (3, 0.0)]
+    with open(tmp_path / "metrics.jsonl") as f:
+        logged = [row["train/entropy_coef"] for row in map(json.loads, f) if "train/entropy_coef" in row]
+    assert logged == pytest.approx([0.6, 0.4, 0.2, 0.0], abs=1e-6)
+
+
+def test_per_agent_learning_rates_and_sgd_step_each_agent_by_hand():
+    """One SGD step on one group (actions 0 and 1 of a uniform 3-way row, advantages -1, +1): the
+    loss (log p0 - log p1) / 2 has gradient (0.5, -0.5, 0) in the row's logits, so each agent's
+    row moves by its own rate times (-0.5, 0.5, 0)."""
+    t = trainer(agent_learning_rates=[0.1, 0.3], optim="sgd")
+    assert [type(t.optimizer_by_agent[a]).__name__ for a in ("left", "right")] == ["SGD", "SGD"]
+    step = {}
+    for agent in ("left", "right"):
+        observation = f"item 0: {agent}"
+        step[agent] = [Sample(agent, observation, [Completion("red", action=0), Completion("green", action=1)],
+                              [0.0, 1.0], [-1.0, 1.0], 0, 0)]
+    t._joint_optimizer_step(step)
+    for agent, rate in (("left", 0.1), ("right", 0.3)):
+        policy = t.policies[agent]
+        row = policy.logits[policy.rows[f"item 0: {agent}"]].detach()
+        assert row.tolist() == pytest.approx([-0.5 * rate, 0.5 * rate, 0.0], abs=1e-7)
+    # the default: AdamW at agent_learning_rate for every agent
+    plain = trainer()
+    assert [(type(o).__name__, o.param_groups[0]["lr"]) for o in plain.optimizer_by_agent.values()] == [("AdamW", 0.3)] * 2
+    # the actor-critic learners build their actors' optimizers the same way (critics: critic_learning_rate)
+    from llm_marl.learners import IACConfig, IACTrainer
+
+    iac = IACTrainer(env=DialogueEnv(ColourMatch(num_items=4, num_turns=1)), policies=[TabularPolicy(MENU), TabularPolicy(MENU)],
+                     args=IACConfig(num_turns=1, num_generations=1, agent_learning_rates=[0.1, 0.3], optim="sgd", critic_learning_rate=0.05))
+    assert [(type(o).__name__, o.param_groups[0]["lr"]) for o in iac.optimizer_by_agent.values()] == [("SGD", 0.1), ("SGD", 0.3)]
+    assert {(type(o).__name__, o.param_groups[0]["lr"]) for o in iac.critic_optimizers.values()} == {("SGD", 0.05)}
+
+
+def test_annealing_and_two_timescales_resume_exactly(tmp_path):
+    def build(folder, **overrides):
+        return trainer(num_train_epochs=2, entropy_coef=0.5, entropy_coef_final=0.0, agent_learning_rates=[0.1, 0.5],
+                       optim="sgd", output_dir=str(tmp_path / folder), save_steps=1, save_total_limit=None, **overrides)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        full = build("full")
+        full.train()
+        build("split", max_steps=2).train()
+        resumed = build("split")
+        resumed.train(resume_from_checkpoint=True)
+    assert resumed.state.global_step == full.state.global_step > 2
+    for agent in ("left", "right"):
+        assert torch.equal(resumed.policies[agent].logits, full.policies[agent].logits)
+
+
 # --- optimistic credit ------------------------------------------------------------------------
 
 
@@ -208,6 +301,14 @@ def test_bad_options_are_refused_naming_the_field():
         MAGRPOConfig(entropy_coef=-0.1)
     with pytest.raises(ValueError, match="dynamic_sampling_budget"):
         MAGRPOConfig(dynamic_sampling_budget=-1)
+    with pytest.raises(ValueError, match="entropy_coef_final"):
+        MAGRPOConfig(entropy_coef_final=-0.1)
+    with pytest.raises(ValueError, match=r"agent_learning_rates must list one rate per agent \(2\)"):
+        MAGRPOConfig(agent_learning_rates=[0.1])
+    with pytest.raises(ValueError, match=r"agent_learning_rates\[1\] must be a number > 0"):
+        MAGRPOConfig(agent_learning_rates=[0.1, 0.0])
+    with pytest.raises(ValueError, match="optim must be one of 'adamw_torch', 'sgd'"):
+        MAGRPOConfig(optim="adam")
 
 
 def test_the_shipped_tiny_hanabi_config_runs_from_the_command_without_actions(tmp_path):

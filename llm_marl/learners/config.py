@@ -34,6 +34,7 @@ PARALLEL_MODES = ("none", "mp")
 LOGPROB_REDUCTIONS = ("sum", "mean")
 ERROR_POLICIES = ("raise", "skip")
 MODEL_DTYPES = ("float32", "bfloat16", "float16")
+OPTIMIZERS = ("adamw_torch", "sgd")
 
 
 @dataclass
@@ -169,9 +170,25 @@ class MAGRPOConfig:
     """With dynamic_sampling: the most times a batch's items are rolled out again to replace groups without signal; what is still without signal after that is trained on as it is."""
     entropy_coef: float = 0.0
     """Entropy bonus: subtract entropy_coef x the mean entropy per token of the policy at the sampled answers' positions from each agent's loss (>= 0; 0 disables)."""
+    entropy_coef_final: float | None = None
+    """Annealed entropy bonus: the coefficient goes linearly from entropy_coef at the run's first dataset batch to this at its last (>= 0); None: entropy_coef throughout."""
+    agent_learning_rates: Sequence[float] | None = None
+    """Learning rate of each agent's optimizer, in the env's agent order (e.g. 0.03,0.3: the second agent learns ten times faster, two timescales); None: agent_learning_rate for every agent."""
+    optim: str = "adamw_torch"
+    """The agents' default optimizer (and the critics'): "adamw_torch" (AdamW) or "sgd" (plain stochastic gradient descent, weight_decay as L2)."""
 
     def __post_init__(self) -> None:
         self.validate()
+
+    def learning_rate_of(self, position: int) -> float:
+        """The learning rate of the agent at ``position`` in the env's agent order:
+        ``agent_learning_rates[position]``, or ``agent_learning_rate`` when that is None."""
+        return self.agent_learning_rate if self.agent_learning_rates is None else self.agent_learning_rates[position]
+
+    @property
+    def entropy_bonus_used(self) -> bool:
+        """Whether any dataset batch has a non-zero entropy coefficient (entropy_coef or entropy_coef_final)."""
+        return self.entropy_coef > 0 or bool(self.entropy_coef_final)
 
     @property
     def resolved_train_batch_size(self) -> int:
@@ -239,6 +256,18 @@ class MAGRPOConfig:
         _finite(self, "entropy_coef")
         if self.entropy_coef < 0:
             raise ValueError(f"entropy_coef must be >= 0, got {self.entropy_coef!r}")
+        if self.entropy_coef_final is not None:
+            _finite(self, "entropy_coef_final")
+            if self.entropy_coef_final < 0:
+                raise ValueError(f"entropy_coef_final must be None or >= 0, got {self.entropy_coef_final!r}")
+        if self.agent_learning_rates is not None:
+            if len(self.agent_learning_rates) != self.num_agents:
+                raise ValueError(f"agent_learning_rates must list one rate per agent ({self.num_agents}); "
+                                 f"agent_learning_rates length is {len(self.agent_learning_rates)}: {self.agent_learning_rates!r}")
+            for i, rate in enumerate(self.agent_learning_rates):
+                if not (math.isfinite(rate) and rate > 0):
+                    raise ValueError(f"agent_learning_rates[{i}] must be a number > 0, got {rate!r}")
+        _one_of(self, "optim", OPTIMIZERS)
         _one_of(self, "parallel_training", PARALLEL_MODES)
         _one_of(self, "logprob_reduction", LOGPROB_REDUCTIONS)
         _one_of(self, "reward_error_policy", ERROR_POLICIES)

@@ -5,7 +5,8 @@ A group whose K answers earned the same return gets all-zero advantages and give
 ``train/<agent>/zero_advantage_groups``); :func:`replace_stalled_groups` is DAPO's dynamic
 sampling, which swaps them for groups with signal rolled out again. :func:`dynamic_sampling`
 and :func:`note_stalls` are the trainer's side of both, and :func:`keep_entropy_differentiable`
-readies language models for the entropy bonus (``entropy_coef``).
+readies language models for the entropy bonus (``entropy_coef``), whose coefficient
+:func:`entropy_coefficient` anneals (``entropy_coef_final``).
 """
 
 from __future__ import annotations
@@ -92,6 +93,19 @@ def note_stalls(trainer: Any, samples: Sequence[Sample]) -> None:
                 "all-zero advantages (their K answers earned the same return) and give no gradient; learning may "
                 "stall. dynamic_sampling, entropy_coef or tree_return_aggregation address it (docs/algorithms.md §3.9)",
             )
+
+
+def entropy_coefficient(start: float, final: float | None, batch: int, batches: int) -> float:
+    """The entropy bonus's coefficient at dataset batch ``batch`` (0-based, counted over the whole
+    run) of a run of ``batches`` batches: ``start`` + (``final`` - ``start``) * batch / (batches - 1),
+    linear from ``start`` at the first batch to ``final`` at the last and ``final`` after it (an
+    epoch's closing update); ``start`` throughout when ``final`` is None (config
+    ``entropy_coef_final``)."""
+    if final is None:
+        return start
+    if batches <= 1:
+        return final
+    return start + (final - start) * min(max(batch / (batches - 1), 0.0), 1.0)
 
 
 def keep_entropy_differentiable(policies: Iterable[Any]) -> None:

@@ -23,6 +23,7 @@ import torch
 from llm_marl.advantages import answer_entropies, sample_losses
 from llm_marl.learners.buffer import Sample
 from llm_marl.learners.staleness import SamplerStalenessError, StalenessChecks
+from llm_marl.learners.stalls import entropy_coefficient
 from llm_marl.learners.tree import ask_team
 from llm_marl.policies.base import GAP_BASELINE_MULTIPLE, GAP_PERSISTENCE, Policy, calibrated_threshold, gap_baseline, take_token_entropy
 from llm_marl.policies.weight_changes import optimizer_parameters, weights_changed
@@ -43,10 +44,15 @@ class SamplerGapError(RuntimeError):
     """The sampler–scorer gap of an agent exceeded ``max_sampler_gap``."""
 
 
-def default_optimizer(params: list[torch.nn.Parameter], lr: float, weight_decay: float) -> torch.optim.Optimizer:
+def default_optimizer(
+    params: list[torch.nn.Parameter], lr: float, weight_decay: float, kind: str = "adamw_torch"
+) -> torch.optim.Optimizer:
     """AdamW with torch's fused kernel where every parameter allows it (floating point, on CPU or
     CUDA), the usual per-tensor loop elsewhere. Both compute the same update. FSDP shards beside
-    whole tensors (a sharded critic's value head) go in two groups: AdamW steps a group at once."""
+    whole tensors (a sharded critic's value head) go in two groups: AdamW steps a group at once.
+    ``kind="sgd"`` (config ``optim``): plain SGD, no momentum, ``weight_decay`` as an L2 term."""
+    if kind == "sgd":
+        return torch.optim.SGD(params, lr=lr, weight_decay=weight_decay)
     fusable = all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in params)
     shards = [p for p in params if is_sharded(p)]
     if shards and len(shards) < len(params):
@@ -369,12 +375,24 @@ class JointUpdate(StalenessChecks):
         tokens = int(mask.sum())
         if tokens:
             self._note(f"train/{agent}/entropy", float((entropy.detach() * mask).sum()) / tokens)
-        coef = getattr(self.args, "entropy_coef", 0.0)
+        coef = self._entropy_coef()
         if not coef:
             return None
         per_answer = answer_entropies(entropy, mask)
         sizes = [len(s.completions) for s in batch]
         return coef * torch.stack([chunk.mean() for chunk in per_answer.split(sizes)]).sum()
+
+    def _entropy_coef(self) -> float:
+        """``entropy_coef`` at this dataset batch: annealed towards ``entropy_coef_final`` over the
+        run's batches (:func:`~llm_marl.learners.stalls.entropy_coefficient`), noted as
+        ``train/entropy_coef`` when annealed."""
+        start, final = getattr(self.args, "entropy_coef", 0.0), getattr(self.args, "entropy_coef_final", None)
+        batches = getattr(self, "_schedule_batches", None)
+        if final is None or batches is None:
+            return start
+        coef = entropy_coefficient(start, final, self.state.batch_step, batches)
+        self._note("train/entropy_coef", coef)
+        return coef
 
     def _gradient(
         self, who: str, params: list[torch.nn.Parameter], local: torch.Tensor, batch: list[Sample], log_prob_mean: float | None = None

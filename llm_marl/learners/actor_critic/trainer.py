@@ -183,7 +183,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
                 if critic_optimizers is not None and name in critic_optimizers:
                     self.critic_optimizers[name] = critic_optimizers[name]
                 else:
-                    self.critic_optimizers[name] = default_optimizer(params, lr=self.args.critic_rate, weight_decay=self.args.weight_decay)
+                    self.critic_optimizers[name] = default_optimizer(params, lr=self.args.critic_rate, weight_decay=self.args.weight_decay, kind=self.args.optim)
 
     # --- critics ----------------------------------------------------------------------------
 

@@ -183,7 +183,7 @@ class MAGRPOTrainer(AgentsByName, JointUpdate):
             check_horizon(self.eval_env, self.args.num_turns, "eval_env")
         self.policies = _by_agent(policies, self.agent_ids, "policies")
         check_policies(self.policies)
-        if self.args.entropy_coef > 0:
+        if self.args.entropy_bonus_used:
             keep_entropy_differentiable(self.policies.values())
         if self.args.agent_devices is not None:
             for agent, device in zip(self.agent_ids, self.args.agent_devices):
@@ -195,11 +195,9 @@ class MAGRPOTrainer(AgentsByName, JointUpdate):
         self.sharded: dict[str, Any] = shard_agents(self, optimizers) if self.args.fsdp else {}  # agent -> ShardedModel
         self.trainable = {a: [p for p in self.policies[a].parameters() if p.requires_grad] for a in self.agent_ids}
         if optimizers is None:
-            self.optimizer_by_agent = {
-                a: default_optimizer(params, lr=self.args.agent_learning_rate, weight_decay=self.args.weight_decay)
-                for a, params in self.trainable.items()
-                if params
-            }
+            rate = {a: self.args.learning_rate_of(i) for i, a in enumerate(self.agent_ids)}  # agent_learning_rates
+            self.optimizer_by_agent = {a: default_optimizer(params, lr=rate[a], weight_decay=self.args.weight_decay, kind=self.args.optim)
+                                       for a, params in self.trainable.items() if params}
         else:
             self.optimizer_by_agent = _by_agent(optimizers, self.agent_ids, "optimizers")
         self.eval_logger = eval_logger
@@ -248,6 +246,7 @@ class MAGRPOTrainer(AgentsByName, JointUpdate):
         )
         batches = self._batches()
         total = self._num_epochs() * len(batches)
+        self._schedule_batches = total  # the entropy bonus's schedule (entropy_coef_final) runs over these
         progress = _progress(total, self.state.epoch * len(batches) + self.state.batch_in_epoch, args.progress_bar)
         stop = StopRequests(checkpoints=checkpoint.closing_wanted(self) and self.dist.is_main).__enter__()
         try:
