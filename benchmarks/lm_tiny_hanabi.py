@@ -9,7 +9,9 @@ game's minimum payoff, 0). For each seed the real MAGRPO learner and its reward-
 trained one after the other, one pass over ``--batches`` batches of 4 deals. The eval return
 (``eval/turn_1/expected_return``: the mean return of one sampled game on each of the first
 ``--eval-items`` eval deals, the same deals for every run) is measured before every batch and at
-the end. The script prints the machine, the settings, per arm and number of batches trained the
+the end; so is the team's exact expected return (:func:`exact_return`) before and after, and each
+run keeps its stall metrics (``train/<agent>/zero_advantage_groups`` and ``entropy``, per batch).
+The script prints the machine, the settings, per arm and number of batches trained the
 mean and min..max over seeds, the fraction of game E's optimum (10) reached, and end-of-run
 games (prompts, both answers, return)::
 
@@ -49,12 +51,14 @@ RUN = {
     "num_train_epochs": 1,
     "items_per_step": 4,
     "rollout_buffer_size": 4,
-    "max_new_tokens": 8,
+    "max_new_tokens": 4,
     "temperature": 0.7,
     "top_p": 1.0,
     "top_k": None,
     "agent_learning_rate": 1e-3,
     "early_termination_threshold": None,
+    "dynamic_sampling": True,
+    "dynamic_sampling_budget": 2,
     "reference_kl_enabled": False,
     "eval_interval": 1,
     "logging_steps": 1,
@@ -62,7 +66,10 @@ RUN = {
     "max_grad_norm": 1.0,
     "progress_bar": False,
 }
-"""The run's settings (``llm-marl train`` options); ``--set FIELD=VALUE`` overrides one."""
+"""The run's settings (``llm-marl train`` options); ``--set FIELD=VALUE`` overrides one. Measured
+2026-12-03 (docs/games.md): answers of at most 4 tokens (a move name such as ``p0a1`` is exactly
+4) and dynamic sampling with 2 re-rolls per batch; the 2026-12-02 table used ``max_new_tokens=8``
+without dynamic sampling."""
 
 
 KEY = "eval/turn_1/expected_return"
