@@ -9,7 +9,9 @@ game's minimum payoff, 0). For each seed the real MAGRPO learner and its reward-
 trained one after the other, one pass over ``--batches`` batches of 4 deals. The eval return
 (``eval/turn_1/expected_return``: the mean return of one sampled game on each of the first
 ``--eval-items`` eval deals, the same deals for every run) is measured before every batch and at
-the end. The script prints the machine, the settings, per arm and number of batches trained the
+the end; so is the team's exact expected return (:func:`exact_return`) before and after, and each
+run keeps its stall metrics (``train/<agent>/zero_advantage_groups`` and ``entropy``, per batch).
+The script prints the machine, the settings, per arm and number of batches trained the
 mean and min..max over seeds, the fraction of game E's optimum (10) reached, and end-of-run
 games (prompts, both answers, return)::
 
@@ -49,12 +51,14 @@ RUN = {
     "num_train_epochs": 1,
     "items_per_step": 4,
     "rollout_buffer_size": 4,
-    "max_new_tokens": 8,
+    "max_new_tokens": 4,
     "temperature": 0.7,
     "top_p": 1.0,
     "top_k": None,
     "agent_learning_rate": 1e-3,
     "early_termination_threshold": None,
+    "dynamic_sampling": True,
+    "dynamic_sampling_budget": 2,
     "reference_kl_enabled": False,
     "eval_interval": 1,
     "logging_steps": 1,
@@ -62,10 +66,35 @@ RUN = {
     "max_grad_norm": 1.0,
     "progress_bar": False,
 }
-"""The run's settings (``llm-marl train`` options); ``--set FIELD=VALUE`` overrides one."""
+"""The run's settings (``llm-marl train`` options); ``--set FIELD=VALUE`` overrides one. Measured
+2026-12-03 (docs/games.md): answers of at most 4 tokens (a move name such as ``p0a1`` is exactly
+4) and dynamic sampling with 2 re-rolls per batch; the 2026-12-02 table used ``max_new_tokens=8``
+without dynamic sampling."""
 
 
 KEY = "eval/turn_1/expected_return"
+
+
+def exact_return(trainer) -> float:
+    """The team's exact expected return over game E's four deals, every move enumerated
+    (``OpenSpielEnv.expected_return``): a player's probability of a move is the probability that
+    its sampled answer begins with the move's name (temperature sampling, from the scoring pass);
+    any other answer counts as illegal (return 0, the game's minimum)."""
+    import torch
+
+    from llm_marl.policies.base import Completion
+
+    env = trainer.eval_env
+
+    def probabilities(agent: str, observation: str, legal: list[int]) -> list[float]:
+        policy = trainer.policies[agent]
+        names = env.legal_moves(agent)
+        tokens = [tuple(policy.tokenizer(name, add_special_tokens=False)["input_ids"]) for name in names]
+        with torch.no_grad():
+            values, _ = policy.token_log_probs([observation] * len(names), [Completion(n, token_ids=t) for n, t in zip(names, tokens)])
+        return [float(v.sum().exp()) for v in values]
+
+    return env.expected_return(probabilities)
 
 
 def transcripts(trainer, count: int) -> list[str]:
@@ -101,6 +130,7 @@ def run(seed: int, control: bool, overrides: dict, ns: argparse.Namespace) -> di
                    "eval_num_samples": ns.eval_items, "eval_batch_size": ns.eval_items, "num_threads": ns.threads, **overrides}
         started = time.time()
         trainer = build_trainer(options)
+        exact_before = exact_return(trainer)
         trainer.env.num_items = ns.batches * trainer.args.items_per_step  # one pass over the same items in every run
         if control:
             with reward_blind("shuffle", seed):
@@ -108,14 +138,29 @@ def run(seed: int, control: bool, overrides: dict, ns: argparse.Namespace) -> di
         else:
             trainer.train()
         final = trainer.evaluate()
+        exact = [round(exact_before, 3), round(exact_return(trainer), 3)]
         # the logger's history holds every evaluation: before each batch, then the final one
         curve = [m[KEY] for _, m in trainer.logger.history if KEY in m]
+        stalls = stall_metrics(trainer.logger.history)
         steps = trainer.state.global_step
         games = transcripts(trainer, ns.transcripts)
         minutes = (time.time() - started) / 60
-    return {"seed": seed, "run": "control" if control else "magrpo", "curve": curve, "steps": steps, "minutes": round(minutes, 2),
+    return {"seed": seed, "run": "control" if control else "magrpo", "curve": curve, "exact": exact, "steps": steps, "minutes": round(minutes, 2),
             "illegal_rate": {k.split("/")[1]: round(v, 3) for k, v in final.items() if k.endswith("illegal_rate")},
-            "transcripts": games, "load": round(os.getloadavg()[0], 2)}
+            "stalls": stalls, "transcripts": games, "load": round(os.getloadavg()[0], 2)}
+
+
+STALLS = ("zero_advantage_groups", "entropy")
+
+
+def stall_metrics(history: list) -> dict[str, list[float]]:
+    """``train/<agent>/zero_advantage_groups`` and ``train/<agent>/entropy`` as logged, in order (one per logging step)."""
+    found: dict[str, list[float]] = {}
+    for _, metrics in history:
+        for key, value in metrics.items():
+            if key.startswith("train/") and key.rsplit("/", 1)[-1] in STALLS:
+                found.setdefault(key[len("train/"):], []).append(round(value, 3))
+    return found
 
 
 def spread(values: list[float]) -> str:
@@ -134,6 +179,9 @@ def summarize(rows: list[dict], seeds: list[int]) -> None:
     for k in kinds:
         final = [r["curve"][-1] for r in rows if r["run"] == k]
         print(f"{k}: final {sum(final) / len(final):.2f} = {sum(final) / len(final) / OPTIMUM:.0%} of the optimum")
+        exact = [r["exact"] for r in rows if r["run"] == k and "exact" in r]
+        if exact:
+            print(f"{k}: exact expected return before -> after, per seed: " + ", ".join(f"{a:.2f} -> {b:.2f}" for a, b in exact))
     for row in rows:
         print(f"\n--- seed {row['seed']} {row['run']}: end-of-run games")
         for game in row["transcripts"]:
@@ -166,7 +214,7 @@ def main() -> None:
             row = run(seed, kind == "control", overrides, ns)
             rows.append(row)
             print(f"seed {seed} {row['run']:<8} {row['steps']} optimizer steps; eval return after each batch: {' '.join(f'{v:.2f}' for v in row['curve'])}  "
-                  f"illegal {row['illegal_rate']}  {row['minutes']:.1f} min, load {row['load']}", flush=True)
+                  f"exact return {row['exact'][0]:.2f} -> {row['exact'][1]:.2f}  illegal {row['illegal_rate']}  {row['minutes']:.1f} min, load {row['load']}", flush=True)
             if ns.out:
                 Path(ns.out).write_text(json.dumps({"settings": {**RUN, **overrides}, "rows": rows}, indent=2))
     summarize(rows, ns.seeds)

@@ -139,3 +139,43 @@ def test_the_lm_benchmark_evaluates_before_each_batch_and_at_the_end_once(tmp_pa
     assert row["run"] == "control" and len(row["curve"]) == 3
     [game] = row["transcripts"]
     assert game.startswith("  [player_0 sees] 'tiny_hanabi_E: you are player 0.") and "[player_0 says]" in game and "  return 0" in game
+    # the tiny GPT-2 never names a move: every game ends illegal at 0, so every group of player 0
+    # earned one return (no signal), player 1 never acts, and the exact return is 0 before and after
+    assert row["stalls"]["player_0/zero_advantage_groups"] == [1.0, 1.0] and "player_1/zero_advantage_groups" not in row["stalls"]
+    assert len(row["stalls"]["player_0/entropy"]) == 2 and row["exact"] == [0.0, 0.0]
+
+
+def test_the_lm_benchmark_scores_the_exact_return_from_the_probability_of_each_move_name():
+    """benchmarks/lm_tiny_hanabi.py's exact return: a move's probability is that of its name's
+    tokens as the answer, the rest counts as illegal (0). Player 0 always names p0a1 (probability
+    1); player 1 names p1a1 with 0.5 and p1a0 with 0.25 at every prompt (a quarter of its answers
+    name no move): 0.5 * 8 + 0.25 * 4 = 5 on every deal (game E pays 4, 8, 4 after p0a1)."""
+    import importlib.util
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import torch
+
+    from llm_marl.envs.openspiel import tiny_hanabi
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("llm_marl_bench_lm_tiny_hanabi", root / "benchmarks" / "lm_tiny_hanabi.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    chances = {"p0a0": 0.0, "p0a1": 1.0, "p0a2": 0.0, "p1a0": 0.25, "p1a1": 0.5, "p1a2": 0.0}
+
+    class Stub:
+        def tokenizer(self, text, add_special_tokens=False):
+            return {"input_ids": [ord(c) for c in text]}
+
+        def token_log_probs(self, observations, completions):
+            assert all("Which move do you make?" in o for o in observations)
+            assert all(list(c.token_ids) == [ord(ch) for ch in c.text] for c in completions)
+            values = torch.zeros(len(completions), 4)
+            values[:, 0] = torch.log(torch.tensor([chances[c.text] for c in completions]))
+            return values, torch.ones(len(completions), 4, dtype=torch.bool)
+
+    trainer = SimpleNamespace(eval_env=tiny_hanabi("E", text=True, split="eval"), policies={"player_0": Stub(), "player_1": Stub()})
+    assert bench.exact_return(trainer) == pytest.approx(5.0)
+    chances.update({"p1a0": 0.0, "p1a1": 1.0})  # the safe convention: 8 on every deal
+    assert bench.exact_return(trainer) == pytest.approx(8.0)
