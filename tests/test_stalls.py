@@ -137,10 +137,11 @@ def test_dynamic_sampling_budget_zero_changes_nothing():
         assert torch.equal(plain.policies[agent].logits, off.policies[agent].logits)
 
 
-def test_dynamic_sampling_stops_and_resumes_exactly(tmp_path):
+def assert_stop_and_resume_is_exact(tmp_path, **options):
+    """A run stopped after 2 optimizer steps and resumed ends with the uninterrupted run's logits."""
     def build(folder, **overrides):
-        return trainer(num_train_epochs=2, dynamic_sampling=True, output_dir=str(tmp_path / folder), save_steps=1,
-                       save_total_limit=None, **overrides)
+        return trainer(num_train_epochs=2, output_dir=str(tmp_path / folder), save_steps=1, save_total_limit=None,
+                       **options, **overrides)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -152,6 +153,10 @@ def test_dynamic_sampling_stops_and_resumes_exactly(tmp_path):
     assert resumed.state.global_step == full.state.global_step > 2
     for agent in ("left", "right"):
         assert torch.equal(resumed.policies[agent].logits, full.policies[agent].logits)
+
+
+def test_dynamic_sampling_stops_and_resumes_exactly(tmp_path):
+    assert_stop_and_resume_is_exact(tmp_path, dynamic_sampling=True)
 
 
 # --- the annealed entropy bonus, two timescales ----------------------------------------------
@@ -230,20 +235,7 @@ def test_per_agent_learning_rates_and_sgd_step_each_agent_by_hand():
 
 
 def test_annealing_and_two_timescales_resume_exactly(tmp_path):
-    def build(folder, **overrides):
-        return trainer(num_train_epochs=2, entropy_coef=0.5, entropy_coef_final=0.0, agent_learning_rates=[0.1, 0.5],
-                       optim="sgd", output_dir=str(tmp_path / folder), save_steps=1, save_total_limit=None, **overrides)
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        full = build("full")
-        full.train()
-        build("split", max_steps=2).train()
-        resumed = build("split")
-        resumed.train(resume_from_checkpoint=True)
-    assert resumed.state.global_step == full.state.global_step > 2
-    for agent in ("left", "right"):
-        assert torch.equal(resumed.policies[agent].logits, full.policies[agent].logits)
+    assert_stop_and_resume_is_exact(tmp_path, entropy_coef=0.5, entropy_coef_final=0.0, agent_learning_rates=[0.1, 0.5], optim="sgd")
 
 
 # --- optimistic credit ------------------------------------------------------------------------
