@@ -516,13 +516,14 @@ def cmd_train(ns: argparse.Namespace, argv: Sequence[str]) -> int:
         from llm_marl.runs.run_dir import default_run_dir
 
         out = options["output_dir"] = default_run_dir(options.get("env", "run"), options.get("learner", "magrpo"))
+    main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun rank 0 judges the folder (the others may find its first files)
     if ns.overwrite:
         if resume:
             raise UsageError("--overwrite starts a new run and --resume continues one: give one of them")
         options["overwrite_output_dir"] = True
-        if not run_folder.is_empty(out):  # now, before the evaluation that precedes training writes anything
+        if main_rank and not run_folder.is_empty(out):  # now, before the evaluation that precedes training writes anything
+            # (rank 0 alone: the others write nothing there before its claim of the folder, which they wait for)
             print(f"llm-marl: moved the previous contents of {out} aside to {run_folder.move_aside(out)}")
-    main_rank = os.environ.get("RANK", "0") == "0"  # under torchrun rank 0 judges the folder (the others may find its first files)
     if not resume and not options.get("overwrite_output_dir") and not run_folder.is_empty(out) and main_rank:
         raise UsageError(run_folder.refusal(out))
     if resume is True and not checkpoint.list_checkpoints(out):
