@@ -93,7 +93,7 @@ def test_saved_folders_use_the_agents_names_and_old_agent_i_folders_still_read(t
 def test_the_readmes_first_screen_gives_both_commands_with_their_times_and_the_end_of_the_run():
     first_block = README.split("```bash\n", 1)[1].split("```", 1)[0]
     assert "llm-marl train" in first_block and 'python -m pytest -m "not slow" -q' in first_block
-    assert "quiet 2-core CPU" in first_block and "3 min 30 s" in first_block and "13 min" in first_block
+    assert "quiet 2-core CPU" in first_block and "3 min 30 s" in first_block and "14 min" in first_block
     assert "before -> after" in first_block and "final/player_1" in first_block
 
 
@@ -101,4 +101,4 @@ def test_license_changelog_and_contributing_are_there():
     assert "Apache License" in (ROOT / "LICENSE").read_text() and "Version 2.0" in (ROOT / "LICENSE").read_text()
     assert (ROOT / "CHANGELOG.md").read_text().startswith("# Changelog")
     contributing = (ROOT / "CONTRIBUTING.md").read_text()
-    assert "tests/mutants.py" in contributing and "benchmarks/" in contributing and "about 13 minutes" in contributing
+    assert "tests/mutants.py" in contributing and "benchmarks/" in contributing and "about 14 minutes" in contributing
