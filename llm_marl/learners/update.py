@@ -246,6 +246,8 @@ class JointUpdate(StalenessChecks):
         steps in a row it warns once per agent; past ``max_sampler_gap`` it raises :class:`SamplerGapError` (no agent
         is updated). Distributed: the ranks' tokens are pooled, so every rank decides alike."""
         limit = getattr(self.args, "max_sampler_gap", None)
+        baselines = self.__dict__.setdefault("_gap_baselines", {})  # per agent: the run's gaps so far (policies/base.py)
+        over = self.__dict__.setdefault("_gaps_over", {})  # per agent: optimizer steps in a row past the threshold
         for agent in agents:
             meter = getattr(self.policies[agent], "sampler_gap", None)
             if meter is None:
@@ -257,8 +259,7 @@ class JointUpdate(StalenessChecks):
                 continue
             gap = total / tokens
             self._note(f"train/{agent}/sampler_gap", gap)
-            baselines = self.__dict__.setdefault("_gap_baselines", {})
-            baseline = baselines.get(agent)  # the run's gaps so far (policies/base.py)
+            baseline = baselines.get(agent)
             threshold = calibrated_threshold(meter.threshold, baseline)
             where = (
                 f"agent {agent!r}, optimizer step {self.state.global_step + 1}: the sampled tokens' log-probs "
@@ -266,7 +267,6 @@ class JointUpdate(StalenessChecks):
             )
             if limit is not None and gap > limit:
                 raise SamplerGapError(f"{where}, past max_sampler_gap={limit:g}; {GAP_CAUSES}")
-            over = self.__dict__.setdefault("_gaps_over", {})  # steps in a row past the threshold
             if gap <= threshold:
                 baselines[agent] = gap_baseline(baseline, gap)  # a gap past it does not raise the bar
                 over[agent] = 0
