@@ -10,8 +10,9 @@ by ``OpenSpielEnv.expected_return``, no sampling), and how many seeds reach >= 9
 optimum.
 
 Every learner trains on the same deals (``--items`` items of the env's chance stream per epoch,
-``--items-per-step`` trees per optimizer step) for the same number of epochs, with the same
-learning rate; the settings are printed with the table.
+``--items-per-step`` trees per optimizer step) for the same number of epochs (``--epochs``; the
+``tiny_hanabi.yaml`` row for the file's ``num_train_epochs``), with the same learning rate; the
+settings are printed with the table.
 
 Run: ``python benchmarks/tiny_hanabi.py`` (benchmarks/README.md has the latest table and its run time);
 ``--games A B --seeds 3`` for a quick look; ``--json PATH`` writes every seed's value.
@@ -66,11 +67,13 @@ class IndependentREINFORCETrainer(MAREINFORCETrainer):
 SHIPPED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples", "configs", "tiny_hanabi.yaml")
 """The shipped setting (docs/games.md): its row is MAGRPO with this file's options against collapse."""
 OPTIONS = ("tree_return_aggregation", "tree_return_temperature", "dynamic_sampling", "dynamic_sampling_budget", "entropy_coef",
-           "entropy_coef_final", "agent_learning_rates", "optim", "advantage_normalization", "agent_learning_rate")
+           "entropy_coef_final", "agent_learning_rates", "optim", "advantage_normalization", "agent_learning_rate",
+           "agent_advantage_normalization", "num_train_epochs")
 
 
 def shipped_options() -> dict:
-    """The options against collapse (docs/algorithms.md §3.9) that examples/configs/tiny_hanabi.yaml sets."""
+    """The options against collapse (docs/algorithms.md §3.9) that examples/configs/tiny_hanabi.yaml sets, and its
+    number of epochs (its row trains that long, whatever ``--epochs`` says)."""
     import yaml
 
     with open(SHIPPED) as f:
@@ -225,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"Tiny Hanabi, tabular policies: final exact expected return, mean ± std over {args.seeds} seeds "
           f"(seeds reaching >= 99% of the optimum). {args.epochs} epochs x {args.items} deals, "
-          f"{args.items_per_step} trees per step, lr {args.lr}, MAGRPO K={args.k}.\n")
+          f"{args.items_per_step} trees per step, lr {args.lr}, MAGRPO K={args.k}"
+          + (f"; the tiny_hanabi.yaml row: {shipped_options()}" if "MAGRPO, tiny_hanabi.yaml" in args.learners else "") + ".\n")
     print("| learner | " + " | ".join(args.games) + " |")
     print("|---|" + "---|" * len(args.games))
     print("| optimum | " + " | ".join(f"{TINY_HANABI[g][1]:.3g}" for g in args.games) + " |")

@@ -62,7 +62,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "trainer hard-codes advantage_mode='mean' and normalize=True",
         "llm_marl/learners/reinforce/trainer.py",
-        "advantage_mode=args.advantage_mode,\n            normalize=args.advantage_normalization,",
+        "advantage_mode=args.advantage_mode,\n            normalize={agent: args.advantage_normalization_of(i) for i, agent in enumerate(self.agent_ids)},",
         'advantage_mode="mean",\n            normalize=True,',
         ("tests/test_wiring.py",),
     ),
@@ -155,6 +155,13 @@ MUTANTS: list[Mutant] = [
         "llm_marl/learners/config.py",
         "return self.agent_learning_rate if self.agent_learning_rates is None else self.agent_learning_rates[position]",
         "return self.agent_learning_rate",
+        ("tests/test_stalls.py",),
+    ),
+    Mutant(
+        "agent_advantage_normalization is ignored: every agent gets advantage_normalization",
+        "llm_marl/learners/config.py",
+        "return self.advantage_normalization if self.agent_advantage_normalization is None else self.agent_advantage_normalization[position]",
+        "return self.advantage_normalization",
         ("tests/test_stalls.py",),
     ),
     Mutant(

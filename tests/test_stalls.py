@@ -235,7 +235,48 @@ def test_per_agent_learning_rates_and_sgd_step_each_agent_by_hand():
 
 
 def test_annealing_and_two_timescales_resume_exactly(tmp_path):
-    assert_stop_and_resume_is_exact(tmp_path, entropy_coef=0.5, entropy_coef_final=0.0, agent_learning_rates=[0.1, 0.5], optim="sgd")
+    assert_stop_and_resume_is_exact(tmp_path, entropy_coef=0.5, entropy_coef_final=0.0, agent_learning_rates=[0.1, 0.5], optim="sgd",
+                                    agent_advantage_normalization=[False, True])
+
+
+def test_per_agent_normalization_divides_only_the_named_agents_groups():
+    """Two-turn trees of the real trainer, left unnormalized and right normalized: left's
+    advantages are its returns minus their group mean, right's are also divided by the group's
+    population std; the same trees with advantage_normalization for both differ in left only."""
+    from llm_marl.learners.tree import collect_trees
+
+    t = trainer(num_turns=2, num_generations=3, agent_advantage_normalization=[False, True])
+    roots = collect_trees(t.env, t.policies, [0, 1], t.args, seed=1)
+    samples = t._samples(roots)
+    assert {s.agent for s in samples} == {"left", "right"}
+    spread = 0
+    for s in samples:
+        mean = sum(s.returns) / len(s.returns)
+        std = math.sqrt(sum((g - mean) ** 2 for g in s.returns) / len(s.returns))
+        scale = max(std, 1e-6) if s.agent == "right" else 1.0
+        assert s.advantages == pytest.approx([(g - mean) / scale for g in s.returns], abs=1e-9)
+        spread += s.agent == "left" and abs(std - 1.0) > 0.1  # a left group whose std is not 1: normalization would show
+    assert spread
+    both = trainer(num_turns=2, num_generations=3)._samples(roots)
+    changed = {a.agent for a, b in zip(samples, both) if a.advantages != pytest.approx(b.advantages, abs=1e-9)}
+    assert changed == {"left"}
+
+
+def test_per_agent_normalization_whitens_only_the_named_actor_critic_agents():
+    """IAC whitens an agent's buffered advantages together at the update: only where that
+    agent's entry of agent_advantage_normalization is true."""
+    from llm_marl.learners import IACConfig, IACTrainer
+
+    iac = IACTrainer(env=DialogueEnv(ColourMatch(num_items=4, num_turns=1)), policies=[TabularPolicy(MENU), TabularPolicy(MENU)],
+                     args=IACConfig(num_turns=1, num_generations=1, rollout_buffer_size=3, agent_advantage_normalization=[True, False]))
+    raw = [1.0, 2.0, 6.0]
+    for agent in ("left", "right"):
+        iac.buffers[agent].samples = [Sample(agent, f"item {i}", [Completion("red", action=0)], [a], [a], i, 0) for i, a in enumerate(raw)]
+    (left,) = iac._minibatches("left", 3)
+    (right,) = iac._minibatches("right", 3)
+    std = math.sqrt(sum((a - 3.0) ** 2 for a in raw) / 3)  # mean 3, population std sqrt(14/3)
+    assert [s.advantages[0] for s in left] == pytest.approx([(a - 3.0) / std for a in raw], rel=1e-5)
+    assert [s.advantages[0] for s in right] == raw
 
 
 # --- optimistic credit ------------------------------------------------------------------------
@@ -301,6 +342,10 @@ def test_bad_options_are_refused_naming_the_field():
         MAGRPOConfig(agent_learning_rates=[0.1, 0.0])
     with pytest.raises(ValueError, match="optim must be one of 'adamw_torch', 'sgd'"):
         MAGRPOConfig(optim="adam")
+    with pytest.raises(ValueError, match=r"agent_advantage_normalization must list one true/false per agent \(2\)"):
+        MAGRPOConfig(agent_advantage_normalization=[True])
+    with pytest.raises(ValueError, match="agent_advantage_normalization"):
+        MAGRPOConfig(agent_advantage_normalization=[1, 0])
 
 
 def test_the_shipped_tiny_hanabi_config_runs_from_the_command_without_actions(tmp_path):

@@ -245,11 +245,14 @@ def test_browser_failures_are_named(monkeypatch):
 
 @needs_chromium
 def test_actor_critic_page_shows_the_critic(tmp_path):
+    """The critic's values and targets per answer; with agent_advantage_normalization [true,
+    false] the recorded advantages of left are null (whitened only at the update) and right's are
+    y - V as trained, and the legend names the normalized agent."""
     from llm_marl.learners import IACConfig, IACTrainer
 
     args = IACConfig(num_turns=2, num_generations=2, num_train_epochs=1, agent_learning_rate=0.1, critic_learning_rate=0.1,
                      eval_interval=0, logging_steps=1, progress_bar=False, early_termination_threshold=None,
-                     output_dir=str(tmp_path / "run"), rollout_log_steps=1, seed=3)
+                     output_dir=str(tmp_path / "run"), rollout_log_steps=1, seed=3, agent_advantage_normalization=[True, False])
     IACTrainer(env=DialogueEnv(ColourMatch(num_items=1, num_turns=2)),
                policies=[TabularPolicy(list(MENU)), TabularPolicy(list(MENU))], args=args).train()
     node = read_trees(str(tmp_path / "run" / "rollouts" / "step-000000.jsonl"))[0]["nodes"][0]
@@ -258,4 +261,8 @@ def test_actor_critic_page_shows_the_critic(tmp_path):
         rows = browser.evaluate("window.llmMarlViewer.ready.then(() => Array.from(document.querySelectorAll('#node-panel tr.answer')).map("
                                 "tr => [Number(tr.querySelector('.value').dataset.value), Number(tr.querySelector('.target').dataset.value)]))")
         assert rows == [[v, t] for a in ("left", "right") for v, t in zip(node["agents"][a]["critic"]["values"], node["agents"][a]["critic"]["targets"])]
+        assert browser.evaluate("document.querySelector('#node-panel .legend').textContent").endswith("normalized for left")
         assert browser.console_errors == []
+    right = node["agents"]["right"]
+    assert node["agents"]["left"]["advantages"] is None
+    assert right["advantages"] == pytest.approx([y - v for y, v in zip(right["critic"]["targets"], right["critic"]["values"])], abs=1e-6)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from llm_marl.advantages import group_advantages
 from llm_marl.policies.base import Completion
@@ -39,7 +39,7 @@ def samples_from_trees(
     agents: Sequence[str],
     *,
     advantage_mode: str,
-    normalize: bool,
+    normalize: bool | Mapping[str, bool],
     kl_penalty: KLPenalty | None = None,
     kl_coef: float = 0.0,
 ) -> list[Sample]:
@@ -47,7 +47,8 @@ def samples_from_trees(
 
     ``kl_penalty(agent, observations, completions)`` gives each answer's KL to the frozen
     reference; it is called once per agent for all of that agent's answers in the trees, and
-    ``kl_coef`` times it is subtracted from the returns before the baseline.
+    ``kl_coef`` times it is subtracted from the returns before the baseline. ``normalize``: one
+    setting for every agent, or agent -> whether its groups are divided by their std.
     """
     nodes = list(iter_nodes(roots))
     kl: dict[str, list[list[float]]] = {agent: [[] for _ in nodes] for agent in agents}
@@ -77,7 +78,8 @@ def samples_from_trees(
                     raise FloatingPointError(
                         f"agent {agent!r}, item {node.index}, turn {node.turn}: return of answer {k} is {value}"
                     )
-            advantages = group_advantages(returns, advantage_mode, normalize)
+            scaled = normalize if isinstance(normalize, bool) else normalize[agent]
+            advantages = group_advantages(returns, advantage_mode, scaled)
             samples.append(
                 Sample(agent, node.observations[agent], list(node.completions[agent]), returns, advantages, node.index, node.turn, penalty)
             )

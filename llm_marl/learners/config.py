@@ -174,6 +174,8 @@ class MAGRPOConfig:
     """Annealed entropy bonus: the coefficient goes linearly from entropy_coef at the run's first dataset batch to this at its last (>= 0); None: entropy_coef throughout."""
     agent_learning_rates: Sequence[float] | None = None
     """Learning rate of each agent's optimizer, in the env's agent order (e.g. 0.03,0.3: the second agent learns ten times faster, two timescales); None: agent_learning_rate for every agent."""
+    agent_advantage_normalization: Sequence[bool] | None = None
+    """advantage_normalization of each agent, in the env's agent order (e.g. false,true: the first agent's groups keep their returns' scale, the second's are divided by their std); None: advantage_normalization for every agent."""
     optim: str = "adamw_torch"
     """The agents' default optimizer (and the critics'): "adamw_torch" (AdamW) or "sgd" (plain stochastic gradient descent, weight_decay as L2)."""
 
@@ -184,6 +186,11 @@ class MAGRPOConfig:
         """The learning rate of the agent at ``position`` in the env's agent order:
         ``agent_learning_rates[position]``, or ``agent_learning_rate`` when that is None."""
         return self.agent_learning_rate if self.agent_learning_rates is None else self.agent_learning_rates[position]
+
+    def advantage_normalization_of(self, position: int) -> bool:
+        """Whether the groups of the agent at ``position`` in the env's agent order are divided by
+        their std: ``agent_advantage_normalization[position]``, or ``advantage_normalization``."""
+        return self.advantage_normalization if self.agent_advantage_normalization is None else self.agent_advantage_normalization[position]
 
     @property
     def entropy_bonus_used(self) -> bool:
@@ -267,6 +274,9 @@ class MAGRPOConfig:
             for i, rate in enumerate(self.agent_learning_rates):
                 if not (math.isfinite(rate) and rate > 0):
                     raise ValueError(f"agent_learning_rates[{i}] must be a number > 0, got {rate!r}")
+        if self.agent_advantage_normalization is not None and len(self.agent_advantage_normalization) != self.num_agents:
+            raise ValueError(f"agent_advantage_normalization must list one true/false per agent ({self.num_agents}); "
+                             f"its length is {len(self.agent_advantage_normalization)}: {self.agent_advantage_normalization!r}")
         _one_of(self, "optim", OPTIMIZERS)
         _one_of(self, "parallel_training", PARALLEL_MODES)
         _one_of(self, "logprob_reduction", LOGPROB_REDUCTIONS)

@@ -129,9 +129,16 @@ def _trained_advantages(sample: Any, settings: Mapping[str, Any]) -> list[float]
     not known when the tree is recorded, and null is recorded rather than a different number."""
     if sample is None:
         return None
-    if settings.get("critic_type") is not None and settings.get("advantage_normalization"):
+    if settings.get("critic_type") is not None and _normalized(sample.agent, settings):
         return None
     return list(sample.advantages)
+
+
+def _normalized(agent: str, settings: Mapping[str, Any]) -> bool:
+    """Whether ``agent``'s advantages are normalized: its entry of agent_advantage_normalization
+    (keyed by agent here), else advantage_normalization."""
+    per_agent = settings.get("agent_advantage_normalization")
+    return bool(per_agent[agent] if per_agent is not None else settings.get("advantage_normalization"))
 
 
 def _critic_fields(sample: Any) -> dict[str, Any] | None:
@@ -380,6 +387,8 @@ class RolloutRecorder:
                  "early_termination_threshold", "discount")
         settings = {name: getattr(args, name, None) for name in names}  # a learner family may lack some
         settings["reference_kl_coef"] = args.reference_kl_coef if getattr(args, "reference_kl_enabled", False) else None
+        per_agent = getattr(args, "agent_advantage_normalization", None)
+        settings["agent_advantage_normalization"] = None if per_agent is None else dict(zip(agents, per_agent))
         if getattr(args, "critic_type", None) is not None:  # actor-critic: advantages come from the critic
             settings["advantage_mode"] = None
             settings["critic_type"] = args.critic_type

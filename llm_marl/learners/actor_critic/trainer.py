@@ -621,7 +621,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
             raw = [s for t in turns for s in singles if s.turn == t]
             self.buffers[agent].samples = list(raw)  # the same order as the mini-batches: discard() drops what was trained
         samples = raw
-        if self.args.advantage_normalization:
+        if self.args.advantage_normalization_of(self.agent_ids.index(agent)):
             flat = acm.whiten([a for s in raw for a in s.advantages])
             out, offset = [], 0
             for s in raw:

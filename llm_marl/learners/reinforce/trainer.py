@@ -413,7 +413,7 @@ class MAGRPOTrainer(AgentsByName, JointUpdate):
             roots,
             self.agent_ids,
             advantage_mode=args.advantage_mode,
-            normalize=args.advantage_normalization,
+            normalize={agent: args.advantage_normalization_of(i) for i, agent in enumerate(self.agent_ids)},
             kl_penalty=self._kl_penalty if self.reference_policies is not None else None,
             kl_coef=args.reference_kl_coef,
         )
