@@ -363,5 +363,6 @@ def test_the_shipped_tiny_hanabi_config_runs_from_the_command_without_actions(tm
     saved = json.loads((out / "run.json").read_text())
     text = json.dumps(saved)
     assert '"tree_return_aggregation": "softmax"' in text and '"num_turns": 2' in text
+    assert '"agent_advantage_normalization": [false, true]' in text and '"agent_learning_rates": [0.3, 0.1]' in text
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     assert any("train/player_0/zero_advantage_groups" in row for row in rows)
