@@ -56,6 +56,7 @@ RUN = {
     "top_p": 1.0,
     "top_k": None,
     "agent_learning_rate": 1e-3,
+    "agent_learning_rates": [1e-3, 3e-4],
     "early_termination_threshold": None,
     "dynamic_sampling": True,
     "dynamic_sampling_budget": 2,
@@ -68,8 +69,11 @@ RUN = {
 }
 """The run's settings (``llm-marl train`` options); ``--set FIELD=VALUE`` overrides one. Measured
 2026-12-03 (docs/games.md): answers of at most 4 tokens (a move name such as ``p0a1`` is exactly
-4) and dynamic sampling with 2 re-rolls per batch; the 2026-12-02 table used ``max_new_tokens=8``
-without dynamic sampling."""
+4), dynamic sampling with 2 re-rolls per batch, and two timescales: player 1, who trains on up to
+four times as many groups a batch as player 0 (each of player 0's K answers is followed by K of
+its own), learns at 3e-4 against player 0's 1e-3 (``agent_learning_rates``; with one rate for both,
+seed 0's player 1 settled on one answer for all its prompts before player 0 had settled). The
+2026-12-02 table used ``max_new_tokens=8`` without dynamic sampling."""
 
 
 KEY = "eval/turn_1/expected_return"
