@@ -56,6 +56,7 @@ RUN = {
     "top_p": 1.0,
     "top_k": None,
     "agent_learning_rate": 1e-3,
+    "agent_learning_rates": [1e-3, 3e-4],
     "early_termination_threshold": None,
     "dynamic_sampling": True,
     "dynamic_sampling_budget": 2,
@@ -68,8 +69,12 @@ RUN = {
 }
 """The run's settings (``llm-marl train`` options); ``--set FIELD=VALUE`` overrides one. Measured
 2026-12-03 (docs/games.md): answers of at most 4 tokens (a move name such as ``p0a1`` is exactly
-4) and dynamic sampling with 2 re-rolls per batch; the 2026-12-02 table used ``max_new_tokens=8``
-without dynamic sampling."""
+4), dynamic sampling with 2 re-rolls per batch, and two timescales: player 1, who trains on up to
+four times as many groups a batch as player 0 (each of player 0's K answers is followed by K of
+its own), learns at 3e-4 against player 0's 1e-3 (``agent_learning_rates``; with one rate for both,
+seed 0's player 1 settled on one answer for all its prompts before player 0 had settled); the
+script's ``--batches`` is 12 (48 deals; 8 left seed 0's exact return at 7.50). The 2026-12-02
+table used ``max_new_tokens=8`` without dynamic sampling, over 8 batches."""
 
 
 KEY = "eval/turn_1/expected_return"
@@ -191,7 +196,7 @@ def summarize(rows: list[dict], seeds: list[int]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--batches", type=int, default=8, help="batches of items_per_step items per run (one pass)")
+    parser.add_argument("--batches", type=int, default=12, help="batches of items_per_step items per run (one pass)")
     parser.add_argument("--eval-items", type=int, default=16, help="eval items (one sampled game each) per evaluation")
     parser.add_argument("--transcripts", type=int, default=4, help="end-of-run games shown per run")
     parser.add_argument("--threads", type=int, default=1)
