@@ -41,8 +41,10 @@ def test_text_and_values_become_the_field_type(name, text, expected):
     ("advantage_normalization", "yes", "advantage_normalization: expected true or false, got 'yes'"),
     ("advantage_normalization", 1, "advantage_normalization: expected true or false, got 1"),
     ("temperature", None, "temperature: expected a float (e.g. 1e-3), got None"),
-    ("agent_devices", [0, 1], "agent_devices: expected a comma-separated list or a string or none, got [0, 1]"),
-    ("agent_devices", "cpu,,cpu", "agent_devices: expected a comma-separated list or a string or none, got 'cpu,,cpu'"),
+    ("agent_devices", [0, 1], "agent_devices: expected a comma-separated list of strings or a string or none, got [0, 1]"),
+    ("agent_devices", "cpu,,cpu", "agent_devices: expected a comma-separated list of strings or a string or none, got 'cpu,,cpu'"),
+    ("agent_advantage_normalization", "yes,no", "agent_advantage_normalization: expected a comma-separated list of true/false values or none, got 'yes,no'"),
+    ("agent_learning_rates", "fast,slow", "agent_learning_rates: expected a comma-separated list of floats or none, got 'fast,slow'"),
 ])
 def test_wrong_values_name_field_and_value(name, value, message):
     with pytest.raises(ConfigTypeError) as error:

@@ -99,7 +99,9 @@ def describe(hint: Any) -> str:
         if kind is type(None):
             continue
         if typing.get_origin(kind) in (list, tuple, collections.abc.Sequence):
-            names.append("a comma-separated list")
+            entries = [e for e in typing.get_args(kind) if e is not Ellipsis]
+            plural = {bool: "true/false values", int: "ints", float: "floats", str: "strings"}
+            names.append("a comma-separated list" + (f" of {plural[entries[0]]}" if len(entries) == 1 and entries[0] in plural else ""))
         else:
             names.append({bool: "true or false", int: "an int", float: "a float (e.g. 1e-3)", str: "a string"}.get(kind, str(kind)))
     if type(None) in _options(hint):
