@@ -267,16 +267,12 @@ class MAGRPOConfig:
             _finite(self, "entropy_coef_final")
             if self.entropy_coef_final < 0:
                 raise ValueError(f"entropy_coef_final must be None or >= 0, got {self.entropy_coef_final!r}")
+        _one_per_agent(self, "agent_learning_rates", "rate")
         if self.agent_learning_rates is not None:
-            if len(self.agent_learning_rates) != self.num_agents:
-                raise ValueError(f"agent_learning_rates must list one rate per agent ({self.num_agents}); "
-                                 f"agent_learning_rates length is {len(self.agent_learning_rates)}: {self.agent_learning_rates!r}")
             for i, rate in enumerate(self.agent_learning_rates):
                 if not (math.isfinite(rate) and rate > 0):
                     raise ValueError(f"agent_learning_rates[{i}] must be a number > 0, got {rate!r}")
-        if self.agent_advantage_normalization is not None and len(self.agent_advantage_normalization) != self.num_agents:
-            raise ValueError(f"agent_advantage_normalization must list one true/false per agent ({self.num_agents}); "
-                             f"its length is {len(self.agent_advantage_normalization)}: {self.agent_advantage_normalization!r}")
+        _one_per_agent(self, "agent_advantage_normalization", "true/false")
         _one_of(self, "optim", OPTIMIZERS)
         _one_of(self, "parallel_training", PARALLEL_MODES)
         _one_of(self, "logprob_reduction", LOGPROB_REDUCTIONS)
@@ -315,9 +311,7 @@ class MAGRPOConfig:
         if self.parallel_training == "mp" and not self.agent_devices:
             raise ValueError('parallel_training="mp" needs agent_devices (one device per agent)')
         for name in ("agent_devices", "reference_devices"):
-            devices = getattr(self, name)
-            if devices is not None and len(devices) != self.num_agents:
-                raise ValueError(f"{name} must list one device per agent ({self.num_agents}); {name} length is {len(devices)}: {devices!r}")
+            _one_per_agent(self, name, "device")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -331,6 +325,13 @@ def _at_least(config: Any, name: str, low: int) -> None:
     value = getattr(config, name)
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
         raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+
+
+def _one_per_agent(config: Any, name: str, what: str) -> None:
+    """A per-agent list field (None allowed) must have one entry per agent."""
+    values = getattr(config, name)
+    if values is not None and len(values) != config.num_agents:
+        raise ValueError(f"{name} must list one {what} per agent ({config.num_agents}); {name} length is {len(values)}: {values!r}")
 
 
 def _finite(config: Any, name: str) -> None:
