@@ -53,6 +53,10 @@ COMMON = ["--num_generations", "2", "--items_per_step", "1", "--rollout_buffer_s
           "--num_train_epochs", "2", "--save_steps", "1", "--save_total_limit", "100", "--logging_steps", "1",
           "--threads", "1", "--seed", "0"]
 TABULAR = ["train", "--env", "TinyHanabi-A-v0", "--policy", "tabular", "--actions", "0,1,2"]
+SHIPPED_OPTIONS = ["--agent_advantage_normalization", "false,true", "--agent_learning_rates", "0.3,0.1", "--entropy_coef", "0.5",
+                   "--entropy_coef_final", "0", "--tree_return_aggregation", "softmax", "--tree_return_temperature", "0.5"]
+"""examples/configs/tiny_hanabi.yaml's options against collapse: the CI cell runs with them (the
+annealed bonus depends on the batch a resumed run continues from)."""
 
 
 def _free_port() -> int:
@@ -136,8 +140,10 @@ def test_two_ranks_stopped_with_partly_filled_buffers_resume_exactly(tmp_path):
     # its own state into the closing checkpoint, and the resume ends as the uninterrupted run;
     # and a run started again with --overwrite by both ranks: rank 0 alone moves the old one aside
     more = [("term", []), ("term", ["--resume"]), ("again", ["--max_steps", "1"]), ("again", ["--overwrite", "--max_steps", "2"])]
-    assert_resume_is_exact(tmp_path, TABULAR + COMMON, stop=3, more=more)
+    assert_resume_is_exact(tmp_path, TABULAR + COMMON + SHIPPED_OPTIONS, stop=3, more=more)
     assert_same_as_uninterrupted(tmp_path, "term", 3)
+    annealed = [row["train/entropy_coef"] for row in metrics_lines(tmp_path / "full") if "train/entropy_coef" in row]
+    assert len(annealed) > 2 and annealed[0] > annealed[-1]  # the shipped options are in force
     aside = [p for p in os.listdir(tmp_path) if p.startswith("again.replaced-")]
     assert len(aside) == 1 and sorted(p for p in os.listdir(tmp_path / aside[0]) if p.startswith("checkpoint-")) == ["checkpoint-1"]
     assert sorted(p for p in os.listdir(tmp_path / "again") if p.startswith("checkpoint-")) == ["checkpoint-1", "checkpoint-2"]
@@ -145,7 +151,7 @@ def test_two_ranks_stopped_with_partly_filled_buffers_resume_exactly(tmp_path):
     assert json.load(open(tmp_path / "again" / "run.json"))["run_id"] != json.load(open(tmp_path / aside[0] / "run.json"))["run_id"]
     # the same checkpoint, written by 2 ranks with samples buffered, is refused by one process
     resumed = subprocess.run(
-        [sys.executable, "-m", "llm_marl.cli", *TABULAR, *COMMON, "--output_dir", str(tmp_path / "one"),
+        [sys.executable, "-m", "llm_marl.cli", *TABULAR, *COMMON, *SHIPPED_OPTIONS, "--output_dir", str(tmp_path / "one"),
          "--resume", str(tmp_path / "split" / "checkpoint-3")],
         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
     )

@@ -57,6 +57,7 @@ OPTIONS: dict[str, tuple] = {
     "resume": (False, True),
     "torchrun": (False, True),
     "fsdp": (False, True),  # agents sharded with FSDP2 across the torchrun ranks
+    "against_collapse": (False, True),  # per-agent normalization and learning rates, the annealed entropy bonus (§3.9)
 }
 """The declaration: option -> its values (the first is the default)."""
 
@@ -139,6 +140,9 @@ def build(cell: dict, dirs: dict, output_dir: str | None, device: str = "cpu", *
                   early_termination_threshold=None, agent_learning_rate=5e-2, logging_steps=1, progress_bar=False, seed=3,
                   output_dir=output_dir, save_steps=1 if output_dir else 0, max_new_tokens=12, temperature=0.9, top_p=0.95,
                   top_k=None, rollout_log_steps=0, fsdp=cell.get("fsdp", False))
+    if cell["against_collapse"]:
+        common.update(agent_advantage_normalization=[False, True], agent_learning_rates=[5e-2, 2e-2], entropy_coef=0.1,
+                      entropy_coef_final=0.0)
     common.update(overrides)
     if cell["learner"] == "magrpo":
         trainer_class, args = MAGRPOTrainer, MAGRPOConfig(num_generations=2, **common)
