@@ -7,7 +7,7 @@ so each can be checked against numbers computed by hand.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -94,24 +94,7 @@ def aggregate_children(child_returns: Sequence[float], how: str = "mean", temper
     if how == "softmax":
         top = max(values)
         return top + temperature * math.log(sum(math.exp((v - top) / temperature) for v in values) / len(values))
-    raise ValueError(f"tree_return_aggregation must be one of 'mean', 'max', 'softmax' here ('best_response' pools over a batch: best_response_credit); got {how!r}")
-
-
-def best_response_credit(answers: Sequence[Any], returns: Sequence[float], pooled: Mapping[Any, Sequence[float]]) -> float:
-    """What a parent's branch takes from a child node with ``tree_return_aggregation="best_response"``
-    (docs/algorithms.md §3.9): the mean return of the child's answers that are best at the acting
-    agents' information.
-
-    ``answers[k]`` and ``returns[k]`` are the child's joint answers and their returns;
-    ``pooled[a]`` holds the returns of answer ``a`` at every node of the batch where the acting
-    agents saw what they saw here (this node's included). Among this node's own answers, those
-    whose pooled mean is highest are best (ties all count); the credit is the mean of this node's
-    returns over them. Raises KeyError if an answer of the node is missing from ``pooled``.
-    """
-    means = {answer: sum(pooled[answer]) / len(pooled[answer]) for answer in answers}
-    top = max(means.values())
-    chosen = [value for answer, value in zip(answers, returns) if means[answer] == top]
-    return sum(chosen) / len(chosen)
+    raise ValueError(f"tree_return_aggregation must be one of 'mean', 'max', 'softmax'; got {how!r}")
 
 
 def discounted_return(

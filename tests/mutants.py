@@ -165,20 +165,6 @@ MUTANTS: list[Mutant] = [
         ("tests/test_stalls.py",),
     ),
     Mutant(
-        "best-response credit pools on every agent's observation, not only the acting agents'",
-        "llm_marl/learners/tree.py",
-        "for agent in node.agents))",
-        "for agent in sorted(node.observations)))",
-        ("tests/test_stalls.py",),
-    ),
-    Mutant(
-        "best-response credit takes the node's best return (the max) in place of its best answer's",
-        "llm_marl/advantages.py",
-        "chosen = [value for answer, value in zip(answers, returns) if means[answer] == top]",
-        "chosen = [max(returns)]",
-        ("tests/test_stalls.py",),
-    ),
-    Mutant(
         "every agent's answers are credited by agent 0's position",
         "llm_marl/advantages.py",
         "groups[combo[position]].append(value)",

@@ -14,7 +14,7 @@ import torch
 
 torch.set_num_threads(1)
 
-from llm_marl.advantages import aggregate_children, best_response_credit, group_advantages  # noqa: E402
+from llm_marl.advantages import aggregate_children, group_advantages  # noqa: E402
 from llm_marl.envs.dialogue import DialogueEnv  # noqa: E402
 from llm_marl.learners import MAGRPOConfig, MAGRPOTrainer  # noqa: E402
 from llm_marl.learners.buffer import Sample  # noqa: E402
@@ -323,102 +323,6 @@ def test_optimistic_credit_reaches_the_trees_through_the_config():
         for j, child in enumerate(node.children):
             if child is not None:
                 assert node.returns[j] == node.rewards[j] + max(child.returns)
-
-
-# --- best-response credit -------------------------------------------------------------------
-
-
-def _node(turn, index, agent, observation, answers, rewards):
-    return RolloutNode(turn, index, {agent: observation}, completions={agent: [Completion(a) for a in answers]},
-                       joint=[(k,) for k in range(len(answers))], rewards=list(rewards), children=[None] * len(answers))
-
-
-def two_deals():
-    """Two trees. Player 0 answers a or b (reward 0); player 1 then sees only player 0's answer
-    ("saw a", "saw b"), the same prompt in both trees, and answers c or d."""
-    roots = []
-    for index, after_a, after_b in [(0, (["c", "d"], [10, 0]), (["c", "d"], [4, 8])),
-                                    (1, ([" c", "d"], [0, 6]), (["d", "d"], [8, 8]))]:
-        root = _node(0, index, "p0", f"card {index}", ["a", "b"], [0, 0])
-        root.children = [_node(1, index, "p1", "saw a", *after_a), _node(1, index, "p1", "saw b", *after_b)]
-        roots.append(root)
-    return roots
-
-
-@pytest.mark.parametrize("discount", [1.0, 0.5])
-def test_best_response_credit_equals_a_hand_computation_on_two_trees(discount):
-    from llm_marl.learners.tree import _compute_best_response_returns
-
-    roots = two_deals()
-    _compute_best_response_returns(roots, discount)
-    # At "saw a", pooled over both trees: c earned 10 and 0 (mean 5; " c" is c), d earned 0 and 6 (3): c is
-    # best, so deal 0's a is worth c's 10 there and deal 1's a c's 0 there (max credit: 6; mean: 3).
-    # At "saw b": c 4, d 8, 8, 8: d is best, worth 8 in both trees.
-    assert roots[0].returns == pytest.approx([discount * 10, discount * 8])
-    assert roots[1].returns == pytest.approx([discount * 0, discount * 8])
-    assert roots[1].children[0].returns == [0.0, 6.0]  # leaves keep their rewards
-
-
-def test_best_response_credit_averages_tied_answers_and_looks_only_at_the_nodes_own():
-    # c and d tie at mean 3 over the batch: both count
-    assert best_response_credit([("c",), ("d",)], [2.0, 4.0], {("c",): [2.0, 4.0], ("d",): [1.0, 5.0]}) == 3.0
-    # e is best over the batch but not answered here: the best of this node's own answers, d, counts
-    assert best_response_credit([("c",), ("d",)], [2.0, 4.0], {("c",): [2.0], ("d",): [4.0], ("e",): [9.0]}) == 4.0
-
-
-def _tiny_hanabi_e(tmp_path):
-    pytest.importorskip("pyspiel")
-    from llm_marl.cli import build_trainer
-
-    return build_trainer({"env": "TinyHanabi-E-v0", "policy": "tabular", "learner": "magrpo", "num_generations": 3, "seed": 3,
-                          "tree_return_aggregation": "best_response", "output_dir": str(tmp_path), "progress_bar": False})
-
-
-def _colour_match_three_turns(tmp_path):
-    return trainer(num_turns=3, num_generations=3, tree_return_aggregation="best_response", discount=0.9)
-
-
-@pytest.mark.parametrize("build", [_tiny_hanabi_e, _colour_match_three_turns], ids=["tiny_hanabi_E", "colour_match_3_turns"])
-def test_best_response_credit_reaches_the_trees_through_the_config(tmp_path, build):
-    """Every inner node's return is its reward plus the return of the child's answers that are best
-    over all nodes with the same prompts at that turn, recomputed here from the leaves up."""
-    from llm_marl.learners.tree import collect_trees, iter_nodes
-
-    t = build(tmp_path)
-    roots = collect_trees(t.env, t.policies, list(range(16 if build is _tiny_hanabi_e else 4)), t.args, seed=4)
-    nodes = list(iter_nodes(roots))
-    gamma = t.args.discount
-
-    def answers(node):
-        return [tuple(node.completions[a][combo[i]].text.strip() for i, a in enumerate(node.agents)) for combo in node.joint]
-
-    def prompt(node):
-        return node.turn, tuple(str(node.observations[a]) for a in node.agents)
-
-    returns, pooled = {}, {}
-    for turn in sorted({n.turn for n in nodes}, reverse=True):
-        level = [n for n in nodes if n.turn == turn]
-        for n in level:
-            returns[id(n)] = []
-            for reward, child in zip(n.rewards, n.children):
-                credit = 0.0
-                if child is not None:
-                    means = {x: sum(v) / len(v) for x, v in pooled[prompt(child)].items()}
-                    top = max(means[x] for x in answers(child))
-                    chosen = [g for x, g in zip(answers(child), returns[id(child)]) if means[x] == top]
-                    credit = sum(chosen) / len(chosen)
-                returns[id(n)].append(reward + gamma * credit)
-        for n in level:
-            for x, g in zip(answers(n), returns[id(n)]):
-                pooled.setdefault(prompt(n), {}).setdefault(x, []).append(g)
-    assert max(n.turn for n in nodes) == t.args.num_turns - 1
-    for n in nodes:
-        assert n.returns == pytest.approx(returns[id(n)])
-    if build is _tiny_hanabi_e:
-        # player 1 sees its card and player 0's move, not player 0's card: its prompts recur across deals,
-        # and the credit of some answer of player 0 is below the best return player 1 found after it
-        assert len(pooled) < len([n for n in nodes if n.turn == 1])
-        assert any(g < r + max(c.returns) for n in nodes if n.turn == 0 for r, c, g in zip(n.rewards, n.children, n.returns) if c)
 
 
 def test_bad_options_are_refused_naming_the_field():

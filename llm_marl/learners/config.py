@@ -29,7 +29,7 @@ from llm_marl.learners.config_types import check_types
 JOINT_MODES = ("aligned", "cross", "crossed")
 ADVANTAGE_MODES = ("mean", "max", "rloo", "raw")
 CROSS_AGGREGATIONS = ("sum", "mean", "max")
-TREE_RETURN_AGGREGATIONS = ("mean", "max", "softmax", "best_response")
+TREE_RETURN_AGGREGATIONS = ("mean", "max", "softmax")
 PARALLEL_MODES = ("none", "mp")
 LOGPROB_REDUCTIONS = ("sum", "mean")
 ERROR_POLICIES = ("raise", "skip")
@@ -161,7 +161,7 @@ class MAGRPOConfig:
 
     # --- against collapsed groups (docs/algorithms.md §3.9) ---
     tree_return_aggregation: str = "mean"
-    """An inner node's return credits its children's returns by their "mean", their "max" (optimistic credit), their "softmax" (tree_return_temperature * log mean exp(G / tree_return_temperature)) or "best_response": the return of the child's answers best at the acting agents' observation, judged by each answer's mean return over the batch's nodes with that observation (docs/algorithms.md §3.9)."""
+    """An inner node's return credits its children's returns by their "mean", their "max" (optimistic credit) or their "softmax" (tree_return_temperature * log mean exp(G / tree_return_temperature))."""
     tree_return_temperature: float = 1.0
     """Temperature of tree_return_aggregation="softmax" (> 0; small: near the max, large: near the mean)."""
     dynamic_sampling: bool = False

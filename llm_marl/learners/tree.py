@@ -18,9 +18,8 @@ joint-action indices from the root), and policies whose ``sample`` accepts ``gen
 :class:`~llm_marl.policies.TabularPolicy`) draw each node's answers from a generator seeded by it
 and the agent's position. A tree then depends only on the seed and its item, not on which other
 items were rolled out with it, in which order, or on which rank: batched and one-by-one rollouts
-give identical trees (and returns, except with ``tree_return_aggregation="best_response"``, which
-values a node's answers over every tree grown with it). Policies without ``generators=``
-(language models sampling in one batched ``generate``) use torch's global RNG. Agents of one team of adapters on a shared base
+give identical trees. Policies without ``generators=`` (language models sampling in one batched
+``generate``) use torch's global RNG. Agents of one team of adapters on a shared base
 (:class:`~llm_marl.policies.LoRATeam`) are asked together, once per depth: one decode loop
 whose rows carry their agent's adapter.
 
@@ -46,13 +45,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
 import gymnasium
-import numpy as np
 import torch
 from pettingzoo import ParallelEnv
 
-from llm_marl.advantages import best_response_credit, discounted_return, should_stop
+from llm_marl.advantages import discounted_return, should_stop
 from llm_marl.policies.base import Completion, Policy
-from llm_marl.policies.tabular import observation_key
 from llm_marl.rollouts import RolloutNode, iter_nodes  # noqa: F401 (re-exported)
 from llm_marl.tasks.base import TaskError
 
@@ -355,11 +352,8 @@ def grow_trees(
                 next_frontier.append(_Open(child, twin, root, acting_of(twin, infos, agents, f"item {node.index}, turn {depth + 1}")))
         frontier = [o for o in next_frontier if o.root.error is None]
 
-    kept = [root for root in roots if root.error is None]
-    if tree_return_aggregation == "best_response":
-        _compute_best_response_returns(kept, discount)
-    else:
-        for root in kept:
+    for root in roots:
+        if root.error is None:
             _compute_returns(root, discount, tree_return_aggregation, tree_return_temperature)
     return roots
 
@@ -399,51 +393,6 @@ def collect_trees(
 def _details(infos: Mapping[str, Mapping[str, Any]], agents: Sequence[str]) -> dict[str, Any]:
     info = infos.get(agents[0], {}) if isinstance(infos, Mapping) else {}
     return dict(info.get("reward_details", {})) if isinstance(info, Mapping) else {}
-
-
-def _compute_best_response_returns(roots: Sequence[RolloutNode], discount: float) -> None:
-    """Returns with ``tree_return_aggregation="best_response"``, level by level from the deepest:
-    a node's returns take each child's :func:`~llm_marl.advantages.best_response_credit`, whose
-    answer values are pooled over every node of ``roots`` at the child's turn."""
-    levels: list[list[RolloutNode]] = []
-    for root in roots:
-        stack = [root]
-        while stack:
-            node = stack.pop()
-            while len(levels) <= node.turn:
-                levels.append([])
-            levels[node.turn].append(node)
-            stack.extend(child for child in node.children if child is not None)
-    values: dict[Any, dict[Any, list[float]]] = {}
-    for level in reversed(levels):
-        for node in level:
-            node.returns = [
-                float(reward) + (0.0 if child is None else discount * best_response_credit(*_answers_and_returns(child), values[_information(child)]))
-                for reward, child in zip(node.rewards, node.children)
-            ]
-        values = {}
-        for node in level:
-            table = values.setdefault(_information(node), {})
-            for answer, value in zip(*_answers_and_returns(node)):
-                table.setdefault(answer, []).append(value)
-
-
-def _information(node: RolloutNode) -> tuple:
-    """What the acting agents of ``node`` answered on: their turn and observations."""
-    return (node.turn, tuple((agent, _observation_text(node.observations[agent])) for agent in node.agents))
-
-
-def _observation_text(observation: Any) -> str:
-    if isinstance(observation, str):
-        return observation
-    array = np.asarray(observation)
-    return repr(observation) if array.dtype == object else observation_key(array)
-
-
-def _answers_and_returns(node: RolloutNode) -> tuple[list[tuple[str, ...]], list[float]]:
-    """Each joint answer of ``node`` as the acting agents' stripped texts, with its return."""
-    answers = [tuple(node.completions[agent][combo[i]].text.strip() for i, agent in enumerate(node.agents)) for combo in node.joint]
-    return answers, list(node.returns)
 
 
 def _compute_returns(node: RolloutNode, discount: float, how: str = "mean", temperature: float = 1.0) -> None:
