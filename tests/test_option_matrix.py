@@ -252,6 +252,8 @@ def run_cell(cell: dict, dirs: dict, tmp: str, device: str = "cpu") -> dict:
         for agent in a:
             differ = [n for n in a[agent] if not torch.equal(a[agent][n], b[agent][n])]
             assert not differ, f"resumed {agent} differs from the uninterrupted run in {differ[:3]}"
+        for gaps in ("_gap_baselines", "_gaps_over"):  # the sampler-gap warning's state (update.py) resumes too
+            assert getattr(resumed, gaps, {}) == getattr(full, gaps, {}), (gaps, getattr(resumed, gaps, {}), getattr(full, gaps, {}))
     return facts
 
 

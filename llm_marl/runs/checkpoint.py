@@ -154,8 +154,9 @@ def rank_folder(rank: int) -> str:
 def _save_rank_state(trainer: Any, folder: str) -> None:
     """What is this rank's own into ``folder``: ``rng.pt`` (Python, NumPy, torch, the policies'
     and the envs' generators) and ``buffers.pt`` (the rollout buffers, the metrics not yet
-    logged, the rest of an update and of its batch that ``max_steps`` cut, and with samples held
-    the marks that re-own them on resume, llm_marl/learners/staleness.py)."""
+    logged, the rest of an update and of its batch that ``max_steps`` cut, with samples held
+    the marks that re-own them on resume, llm_marl/learners/staleness.py, and each agent's
+    sampler-gap baseline and count of steps past its threshold, llm_marl/learners/update.py)."""
     os.makedirs(folder, exist_ok=True)
     torch.save(rng_state(trainer.policies, _envs(trainer)), os.path.join(folder, "rng.pt"))
     plan, unfinished = getattr(trainer, "_update_plan", None), _cut_batch(trainer)
@@ -163,7 +164,8 @@ def _save_rank_state(trainer: Any, folder: str) -> None:
     torch.save(
         {"buffers": {a: list(b.samples) for a, b in trainer.buffers.items()}, "pending": trainer._pending,
          "update_plan": plan, "unfinished": unfinished,
-         "samplers": trainer.sampler_marks() if held and hasattr(trainer, "sampler_marks") else None},
+         "samplers": trainer.sampler_marks() if held and hasattr(trainer, "sampler_marks") else None,
+         "sampler_gaps": {"baselines": dict(trainer.__dict__.get("_gap_baselines", {})), "over": dict(trainer.__dict__.get("_gaps_over", {}))}},
         os.path.join(folder, "buffers.pt"),
     )
 
@@ -357,6 +359,8 @@ def load(trainer: Any, path: str) -> None:
     trainer._update_plan = extra.get("update_plan")
     trainer._unfinished = extra.get("unfinished")
     trainer._restored_samplers = extra.get("samplers")  # re-owned once train() has set the weights (staleness.py)
+    gaps = extra.get("sampler_gaps") or {}  # (absent from checkpoints written before 2026-12-03: recalibrated)
+    trainer._gap_baselines, trainer._gaps_over = dict(gaps.get("baselines", {})), dict(gaps.get("over", {}))
     fields = {f.name for f in dataclasses.fields(trainer.state)}
     trainer.state = type(trainer.state)(**{k: v for k, v in saved["state"].items() if k in fields})
     trainer.resumed_from = {"checkpoint": path, "batch_step": trainer.state.batch_step}  # the command's summary reads it
