@@ -167,6 +167,12 @@ GAME_LM_RUN: dict[str, Any] = {"max_new_tokens": 16}
 A move name is at most ~10 tokens (Hanabi's "(Reveal player +1 color R)"), and the parser takes
 the one legal move an answer names."""
 
+TABULAR_RUN: dict[str, Any] = {"agent_learning_rate": 0.1, "critic_learning_rate": 0.1}
+"""What ``--policy tabular`` sets unless given: learning rates for tables of logits (and of
+values). The configs' 5e-6 is for a language model's weights; a table moves by about the rate per
+AdamW step, so at 5e-6 it stays uniform for thousands of steps. 0.1 is what benchmarks/tiny_hanabi.py
+trains every policy and critic at (docs/games.md)."""
+
 
 LEARNER_FAMILIES = {
     "magrpo": "reinforce",
@@ -428,6 +434,10 @@ def build_trainer(options: dict[str, Any], explicit: set[str] | None = None) -> 
     _import_modules(options.get("import") or [])
     turns = options.get("num_turns") if explicit is None or "num_turns" in explicit else None
     lm = options.get("policy") == "lm"
+    if options.get("policy", "tabular") == "tabular":
+        for key, value in TABULAR_RUN.items():
+            if key in fields:
+                options.setdefault(key, value)
     try:
         env = assembly.make_env(options["env"], None, turns, text=lm)
         eval_env = assembly.make_env(options["env"], "eval", turns, text=lm)

@@ -454,9 +454,9 @@ class MAGRPOTrainer(AgentsByName, JointUpdate):
     def _after_batch(self, progress: Any, steps_before: int, epoch_done: bool) -> None:
         from llm_marl.runs import checkpoint
 
-        reward = self._pending.get("train/turn_1/reward_mean")
-        if reward:
-            progress.set_postfix(reward=f"{reward[-1]:.3f}", step=self.state.global_step)
+        returns = self._pending.get("train/turn_1/expected_return")  # the whole episode's (a game pays at its end)
+        if returns:
+            progress.set_postfix(**{"return": f"{returns[-1]:.3f}"}, step=self.state.global_step)
         self._flush_metrics(force=epoch_done)
         checkpoint.save_if_due(self, steps_before)
 
