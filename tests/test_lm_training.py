@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import copy
-import time
 
 import pytest
 import torch
@@ -29,6 +28,7 @@ from llm_marl.policies.causal_lm import CausalLMPolicy  # noqa: E402
 from llm_marl.policies.tiny import build_tiny_model  # noqa: E402
 from llm_marl.tasks.function_task import FunctionTask  # noqa: E402
 from controls import reward_blind  # noqa: E402
+from writing_run import default_run, default_run_options, mean_eval_reward  # noqa: E402
 
 PROMPTS = [
     "The assert statement",
@@ -280,15 +280,6 @@ def test_frozen_reference_does_not_change_while_the_policy_trains(model_dir):
 # 5-25 nats per answer, the KL penalty (coef 0.05) outweighs the [0, 1] reward and favours short
 # answers, and some seeds collapse to punctuation. The margin is half the smallest gain measured.
 LEARNING_MARGIN = 0.04
-EVAL_SEEDS = (5000, 5001, 5002, 5003)
-
-
-def mean_eval_reward(trainer):
-    """Mean eval reward over EVAL_SEEDS (each: one batched rollout of the 32 eval items)."""
-    values = []
-    for seed in EVAL_SEEDS:
-        values.append(trainer.evaluate(seed=seed)["eval/turn_1/reward_mean"])
-    return sum(values) / len(values)
 
 
 # The control (issue 19): the same run with reward-blind advantages, same seeds (tests/controls.py).
@@ -304,21 +295,10 @@ def test_training_raises_the_writing_reward():
     """The default run on fewer items: the default cached tiny model (built on first use), MAGRPO,
     WritingCollab-v0, reference KL; the mean eval reward rises by more than the margin, and by
     more than a reward-blind control run's rise (constant advantages) plus CONTROL_MARGIN."""
-    from llm_marl.cli import DEFAULT_RUN, build_trainer
+    from llm_marl.cli import build_trainer
 
-    options = dict(DEFAULT_RUN)
-    options.update(train_items=48, seed=0, progress_bar=False)
-    trainer = build_trainer(options)
-    # the settings the margin was measured with (see above): a change of DEFAULT_RUN needs a new measurement
-    assert trainer.args.reference_kl_enabled and trainer.args.num_generations == 4
-    assert trainer.args.agent_learning_rate == 3e-4 and trainer.args.eval_num_samples == 32
-    before = mean_eval_reward(trainer)
-    started = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - started
-    after = mean_eval_reward(trainer)
-    assert trainer.state.global_step == 6
-    control = build_trainer(options)  # the same untrained model and seeds: its "before" is `before`
+    before, after, seconds = default_run(0)  # tests/writing_run.py: trained once a session (test_lora_learning.py uses it too)
+    control = build_trainer(default_run_options(0))  # the same untrained model and seeds: its "before" is `before`
     with reward_blind("constant"):
         control.train()
     assert control.state.global_step == 6
