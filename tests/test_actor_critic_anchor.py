@@ -26,15 +26,14 @@ from llm_marl.advantages import k3_kl  # noqa: E402
 from llm_marl.policies.base import token_log_probs_of  # noqa: E402
 from llm_marl.policies.lm_critic import CausalLMCritic  # noqa: E402
 from llm_marl.policies.tabular import TabularPolicy  # noqa: E402
-from llm_marl.policies.tiny import build_tiny_model  # noqa: E402
 from toy_tasks import MENU, ColourMatch  # noqa: E402
 
 TRAIN = [{"prompt": "The assert statement"}, {"prompt": "The import statement"}]
 
 
 @pytest.fixture(scope="module")
-def model_path(tmp_path_factory):
-    return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", pretrain_steps=20, batch_size=8))
+def model_path(tiny_model_dir):
+    return str(tiny_model_dir)  # tests/conftest.py: built once a session
 
 
 def reward(a, b):

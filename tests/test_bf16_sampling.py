@@ -12,7 +12,7 @@ import torch
 from llm_marl.learners import MAGRPOConfig
 from llm_marl.policies import CausalLMPolicy, LoRATeam
 from llm_marl.policies.lora_team import team_options
-from llm_marl.policies.tiny import build_tiny_model, load_tiny
+from llm_marl.policies.tiny import load_tiny
 
 torch.set_num_threads(1)
 
@@ -21,8 +21,8 @@ SETTINGS = dict(max_new_tokens=8, temperature=1.0, top_p=None, top_k=None)
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", pretrain_steps=20, batch_size=8)
+def model_dir(tiny_model_dir):
+    return tiny_model_dir  # tests/conftest.py: built once a session
 
 
 def flat(groups):

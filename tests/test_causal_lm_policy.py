@@ -10,7 +10,6 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from llm_marl.policies.base import Completion, Policy, token_log_probs_of
 from llm_marl.policies.causal_lm import CausalLMPolicy
-from llm_marl.policies.tiny import build_tiny_model
 
 torch.set_num_threads(1)
 
@@ -18,8 +17,8 @@ PROMPTS = ["The assert statement", "A", "If the module being imported is not a t
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", pretrain_steps=20, batch_size=8)
+def model_dir(tiny_model_dir):
+    return tiny_model_dir  # tests/conftest.py: built once a session
 
 
 def make(model_dir, **settings):

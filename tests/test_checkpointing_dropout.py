@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from llm_marl.policies import CausalLMPolicy, LoRATeam
-from llm_marl.policies.tiny import build_tiny_model
 
 PROMPTS = ["The assert statement", "A", "If the module being imported is not a top level module,"]
 DROPOUT = dict(resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
@@ -17,8 +16,8 @@ AGENTS = ("agent_0", "agent_1")
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", pretrain_steps=20, batch_size=8)
+def model_dir(tiny_model_dir):
+    return tiny_model_dir  # tests/conftest.py: built once a session
 
 
 def team_of(model_dir, checkpointing, **settings):

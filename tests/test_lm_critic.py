@@ -15,14 +15,13 @@ torch.set_num_threads(1)
 from llm_marl.policies.base import Completion  # noqa: E402
 from llm_marl.policies.causal_lm import CausalLMPolicy  # noqa: E402
 from llm_marl.policies.lm_critic import CausalLMCritic, ValueHead  # noqa: E402
-from llm_marl.policies.tiny import build_tiny_model  # noqa: E402
 
 PROMPTS = ["The assert statement", "If the module being imported is not a top level module, then", "A"]
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", pretrain_steps=20, batch_size=8)
+def model_dir(tiny_model_dir):
+    return tiny_model_dir  # tests/conftest.py: built once a session
 
 
 @pytest.fixture()

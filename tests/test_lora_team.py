@@ -18,7 +18,6 @@ from llm_marl.learners import (
 from llm_marl.advantages import k3_kl
 from llm_marl.learners.tree import grow_trees
 from llm_marl.policies import AdapterPolicy, CausalLMPolicy, LoRATeam, Policy
-from llm_marl.policies.tiny import build_tiny_model
 from llm_marl.tasks.function_task import FunctionTask
 
 torch.set_num_threads(1)
@@ -28,8 +27,8 @@ AGENTS = ("agent_0", "agent_1", "agent_2")
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", pretrain_steps=20, batch_size=8)
+def model_dir(tiny_model_dir):
+    return tiny_model_dir  # tests/conftest.py: built once a session
 
 
 def team_of(model_dir, agents=AGENTS, **settings):

@@ -18,7 +18,6 @@ from llm_marl.envs.dialogue import DialogueEnv  # noqa: E402
 from llm_marl.learners.preference.madpo import MADPOConfig, MADPOTrainer  # noqa: E402
 from llm_marl.learners.preference.reward_model import MARLHFConfig, MARLHFTrainer  # noqa: E402
 from llm_marl.policies import LoRATeam  # noqa: E402
-from llm_marl.policies.tiny import build_tiny_model  # noqa: E402
 from llm_marl.tasks.function_task import FunctionTask  # noqa: E402
 
 PROMPTS = ["The assert statement", "A", "If the module being imported is not a top level module,"]
@@ -26,8 +25,8 @@ AGENTS = ("agent_0", "agent_1")
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", pretrain_steps=20, batch_size=8)
+def model_dir(tiny_model_dir):
+    return tiny_model_dir  # tests/conftest.py: built once a session
 
 
 def team_of(model_dir):

@@ -12,7 +12,6 @@ from llm_marl.envs.dialogue import DialogueEnv
 from llm_marl.learners import MAGRPOConfig, MAGRPOTrainer
 from llm_marl.policies import CausalLMPolicy, LoRATeam
 from llm_marl.policies.packed_weights import PackedLinears
-from llm_marl.policies.tiny import build_tiny_model
 from llm_marl.policies.weight_changes import last_change, weights_changed
 from llm_marl.runs.distributed import DistributedContext
 from llm_marl.tasks.function_task import FunctionTask
@@ -22,8 +21,8 @@ SETTINGS = dict(max_new_tokens=12, temperature=1.0, top_p=None, top_k=None)
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", pretrain_steps=20, batch_size=8)
+def model_dir(tiny_model_dir):
+    return tiny_model_dir  # tests/conftest.py: built once a session
 
 
 def env(items=3):

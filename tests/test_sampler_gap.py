@@ -18,7 +18,6 @@ from llm_marl.learners.update import SamplerGapError
 from llm_marl.policies import CausalLMPolicy, LoRATeam, TabularPolicy
 from llm_marl.policies.base import Completion, GapMeter, sampler_record
 from llm_marl.policies.lm_runner import LowPrecisionShadow
-from llm_marl.policies.tiny import build_tiny_model
 from llm_marl.tasks.function_task import FunctionTask
 from llm_marl.viewer.page import read_metrics
 from toy_tasks import ColourMatch
@@ -28,8 +27,8 @@ SETTINGS = dict(max_new_tokens=12, temperature=0.8, top_p=0.9, top_k=20)
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", pretrain_steps=20, batch_size=8)
+def model_dir(tiny_model_dir):
+    return tiny_model_dir  # tests/conftest.py: built once a session
 
 
 def lm_env(items=3):

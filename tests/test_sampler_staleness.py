@@ -16,15 +16,14 @@ from llm_marl.learners import MAGRPOTrainer
 from llm_marl.learners.staleness import SamplerStalenessError
 from llm_marl.policies import CausalLMPolicy
 from llm_marl.policies.lm_runner import LowPrecisionShadow
-from llm_marl.policies.tiny import build_tiny_model
 from test_sampler_gap import SETTINGS, gaps, lm_config, lm_env
 
 torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", pretrain_steps=20, batch_size=8)
+def model_dir(tiny_model_dir):
+    return tiny_model_dir  # tests/conftest.py: built once a session
 
 
 def one_step_behind(monkeypatch):

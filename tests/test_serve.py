@@ -21,7 +21,6 @@ pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 
 from llm_marl.policies.lora_team import LoRATeam  # noqa: E402
-from llm_marl.policies.tiny import build_tiny_model  # noqa: E402
 from llm_marl.serve import protocol  # noqa: E402
 from llm_marl.serve.agents import agents_in, load_agents  # noqa: E402
 from llm_marl.serve.app import create_app  # noqa: E402
@@ -34,8 +33,8 @@ HELLO = [{"role": "user", "content": "The story of the"}]
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", pretrain_steps=20, batch_size=8)
+def tiny(tiny_model_dir):
+    return tiny_model_dir  # tests/conftest.py: built once a session
 
 
 @pytest.fixture(scope="module")

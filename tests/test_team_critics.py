@@ -13,7 +13,6 @@ from llm_marl.learners import IACConfig, IACTrainer, MAACConfig, MAACTrainer
 from llm_marl.policies import LoRATeam
 from llm_marl.policies.adapter_critic import AdapterCritic
 from llm_marl.policies.lora_team import adapter_parameters
-from llm_marl.policies.tiny import build_tiny_model
 from llm_marl.tasks.function_task import FunctionTask
 
 torch.set_num_threads(1)
@@ -23,8 +22,8 @@ AGENTS = ("agent_0", "agent_1")
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build_tiny_model(tmp_path_factory.mktemp("tiny") / "m", pretrain_steps=20, batch_size=8)
+def model_dir(tiny_model_dir):
+    return tiny_model_dir  # tests/conftest.py: built once a session
 
 
 def team_of(model_dir, agents=AGENTS, **settings):
