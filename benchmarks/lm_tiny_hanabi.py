@@ -18,6 +18,15 @@ games (prompts, both answers, return)::
     OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE python benchmarks/lm_tiny_hanabi.py --seeds 0 1 2 --out lm_tiny_hanabi.json
     python benchmarks/lm_tiny_hanabi.py --seeds 0 --batches 2 --eval-items 8     # a quick look
     python benchmarks/lm_tiny_hanabi.py --summary lm_tiny_hanabi.json            # reprint a saved run
+    python benchmarks/lm_tiny_hanabi.py --seeds 0 --runs magrpo --partner optimal # player 1 alone
+    python benchmarks/lm_tiny_hanabi.py --supervised optimal                     # its capacity check
+
+``--partner optimal`` (or ``nine``, ``safe``) replaces player 0 by a fixed script that plays that
+convention (:data:`PARTNERS`; a :class:`~llm_marl.policies.scripted.ScriptedPolicy`, not trained),
+so the run measures whether player 1 alone learns to answer it: against ``optimal`` its best
+answers are worth 10, against ``nine`` 9, against ``safe`` 8. ``--supervised optimal`` trains
+player 1's adapter instead by cross-entropy on those best answers (:func:`supervised_steps`), to
+show whether the adapter can hold them at all.
 
 The model is fetched and converted on first use (``llm_marl.policies.models``).
 """
@@ -79,6 +88,109 @@ table used ``max_new_tokens=8`` without dynamic sampling, over 8 batches."""
 
 KEY = "eval/turn_1/expected_return"
 
+PARTNERS = {
+    "optimal": {"d0": "p0a2", "d1": "p0a0"},
+    "nine": {"d0": "p0a0", "d1": "p0a1"},
+    "safe": {"d0": "p0a1", "d1": "p0a1"},
+}
+"""Player 0's move by its card (``p0:d0`` or ``p0:d1`` in its prompt) in each scripted convention
+of game E: ``optimal`` tells the card with moves 2 and 0 (worth 10 with player 1's best answers),
+``nine`` with moves 0 and 1 (9), ``safe`` always plays the middle move (8)."""
+
+
+def partner_answers(convention: str):
+    """``fn(observation, n)`` for a :class:`ScriptedPolicy`: player 0's move in ``convention`` for
+    the card its observation shows, ``n`` times."""
+    moves = PARTNERS[convention]
+
+    def answer(observation: str, n: int) -> list[str]:
+        cards = [card for card in moves if f"p0:{card}" in observation]
+        if len(cards) != 1:
+            raise ValueError(f"partner {convention!r}: no single card of player 0 in {observation!r}")
+        return [moves[cards[0]]] * n
+
+    return answer
+
+
+def best_answers(convention: str) -> dict[tuple[int, int], int]:
+    """Player 1's best move at each prompt it sees against ``convention``: (its card, player 0's
+    move) -> the move with the highest mean payoff of game E over the cards of player 0 that play
+    that move (the lowest move on a tie)."""
+    from llm_marl.envs.openspiel import TINY_HANABI
+
+    payoff = TINY_HANABI["E"][0]
+    moves = {card: int(move[-1]) for card, move in PARTNERS[convention].items()}
+    best = {}
+    for c1 in (0, 1):
+        for a0 in sorted(set(moves.values())):
+            cards = [int(card[-1]) for card, move in moves.items() if move == a0]
+            values = [sum(payoff[c0][c1][a0][a1] for c0 in cards) / len(cards) for a1 in range(3)]
+            best[(c1, a0)] = values.index(max(values))
+    return best
+
+
+def supervised_steps(trainer, convention: str, learning_rate: float = 1e-3, limit: int = 100) -> list[dict]:
+    """Player 1's adapter trained by cross-entropy on its best answers against ``convention``
+    (:func:`best_answers`; all its prompts in every AdamW step), the capacity check of
+    docs/games.md: after each step, the probability of each prompt's right answer (its move's
+    name as the whole answer; ``right``, rounded, and ``log_prob``). Stops once every one is above
+    0.9, or after ``limit`` steps."""
+    import re
+
+    import torch
+
+    from llm_marl.policies.base import Completion
+
+    env, policy = trainer.eval_env, trainer.policies["player_1"]
+    prompts = {}
+
+    def record(agent: str, observation: str, legal: list[int]) -> list[float]:
+        if agent == "player_1":
+            card, move = map(int, re.search(r"p1:d(\d) p0:a(\d)", observation).groups())
+            prompts[(card, move)] = observation
+        return [1.0 / len(legal)] * len(legal)
+
+    env.expected_return(record)  # visits every prompt of player 1
+    targets = best_answers(convention)
+    keys = sorted(targets)
+    answers = [Completion(f"p1a{targets[k]}", token_ids=tuple(policy.tokenizer(f"p1a{targets[k]}", add_special_tokens=False)["input_ids"])) for k in keys]
+    observations = [prompts[k] for k in keys]
+    optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=learning_rate, weight_decay=0.0)
+    trace = []
+    for step in range(1, limit + 1):
+        values, _ = policy.token_log_probs(observations, answers)
+        loss = -torch.stack([v.sum() for v in values]).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        with torch.no_grad():
+            values, _ = policy.token_log_probs(observations, answers)
+        right = {f"d{k[0]}a{k[1]}": round(float(v.sum().exp()), 3) for k, v in zip(keys, values)}
+        trace.append({"step": step, "right": right, "log_prob": {f"d{k[0]}a{k[1]}": float(v.sum()) for k, v in zip(keys, values)}})
+        print(f"supervised step {step}: probability of the right answer {right}", flush=True)
+        if min(right.values()) > 0.9:
+            break
+    return trace
+
+
+def build(options: dict, partner: str | None):
+    """``cli.build_trainer(options)``; with ``partner``, player 0's policy is that scripted convention."""
+    from unittest import mock
+
+    from llm_marl import cli
+    from llm_marl.policies.scripted import ScriptedPolicy
+
+    if partner is None:
+        return cli.build_trainer(options)
+    made = cli._make_policies
+
+    def with_partner(*args, **kwargs):
+        policies = made(*args, **kwargs)
+        return [ScriptedPolicy(partner_answers(partner), "player_0"), *policies[1:]]
+
+    with mock.patch.object(cli, "_make_policies", with_partner):
+        return cli.build_trainer(options)
+
 
 def exact_return(trainer) -> float:
     """The team's exact expected return over game E's four deals, every move enumerated
@@ -88,12 +200,16 @@ def exact_return(trainer) -> float:
     import torch
 
     from llm_marl.policies.base import Completion
+    from llm_marl.policies.scripted import ScriptedPolicy
 
     env = trainer.eval_env
 
     def probabilities(agent: str, observation: str, legal: list[int]) -> list[float]:
         policy = trainer.policies[agent]
         names = env.legal_moves(agent)
+        if isinstance(policy, ScriptedPolicy):
+            [answer] = policy.fn(observation, 1)
+            return [1.0 if name == answer else 0.0 for name in names]
         tokens = [tuple(policy.tokenizer(name, add_special_tokens=False)["input_ids"]) for name in names]
         with torch.no_grad():
             values, _ = policy.token_log_probs([observation] * len(names), [Completion(n, token_ids=t) for n, t in zip(names, tokens)])
@@ -127,14 +243,13 @@ def run(seed: int, control: bool, overrides: dict, ns: argparse.Namespace) -> di
     import torch
 
     from controls import reward_blind
-    from llm_marl.cli import build_trainer
 
     torch.manual_seed(seed)
     with tempfile.TemporaryDirectory(prefix="lm-tiny-hanabi-") as out:
         options = {**RUN, "seed": seed, "output_dir": out,
                    "eval_num_samples": ns.eval_items, "eval_batch_size": ns.eval_items, "num_threads": ns.threads, **overrides}
         started = time.time()
-        trainer = build_trainer(options)
+        trainer = build(options, getattr(ns, "partner", None))
         exact_before = exact_return(trainer)
         trainer.env.num_items = ns.batches * trainer.args.items_per_step  # one pass over the same items in every run
         if control:
@@ -202,6 +317,8 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--runs", nargs="+", choices=["magrpo", "control"], default=["magrpo", "control"])
     parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a RUN option (JSON value)")
+    parser.add_argument("--partner", choices=sorted(PARTNERS), help="player 0 plays this fixed convention (PARTNERS); only player 1 learns")
+    parser.add_argument("--supervised", choices=sorted(PARTNERS), help="instead of RL: train player 1 by cross-entropy on its best answers against this convention, and stop")
     parser.add_argument("--out", help="write the rows as JSON here")
     parser.add_argument("--summary", metavar="JSON", help="print the table and transcripts of a saved --out file, run nothing")
     ns = parser.parse_args()
@@ -211,7 +328,16 @@ def main() -> None:
         return
     print_machine()
     overrides = parse_sets(ns.set)
-    print(f"settings: {json.dumps({**RUN, **overrides})}", flush=True)
+    if ns.supervised:
+        with tempfile.TemporaryDirectory(prefix="lm-tiny-hanabi-") as out:
+            trainer = build({**RUN, "seed": ns.seeds[0], "output_dir": out, "num_threads": ns.threads, **overrides}, None)
+            started = time.time()
+            trace = supervised_steps(trainer, ns.supervised)
+        print(f"{len(trace)} steps, {time.time() - started:.0f} s")
+        if ns.out:
+            Path(ns.out).write_text(json.dumps({"settings": {**RUN, **overrides}, "supervised": ns.supervised, "trace": trace}, indent=2))
+        return
+    print(f"settings: {json.dumps({**RUN, **overrides})}" + (f"; player 0 scripted: {ns.partner}" if ns.partner else ""), flush=True)
     rows = []
     started = time.time()
     for seed in ns.seeds:
@@ -221,7 +347,7 @@ def main() -> None:
             print(f"seed {seed} {row['run']:<8} {row['steps']} optimizer steps; eval return after each batch: {' '.join(f'{v:.2f}' for v in row['curve'])}  "
                   f"exact return {row['exact'][0]:.2f} -> {row['exact'][1]:.2f}  illegal {row['illegal_rate']}  {row['minutes']:.1f} min, load {row['load']}", flush=True)
             if ns.out:
-                Path(ns.out).write_text(json.dumps({"settings": {**RUN, **overrides}, "rows": rows}, indent=2))
+                Path(ns.out).write_text(json.dumps({"settings": {**RUN, **overrides}, "partner": ns.partner, "rows": rows}, indent=2))
     summarize(rows, ns.seeds)
     print(f"\ntotal {(time.time() - started) / 60:.1f} min; load average now {os.getloadavg()}")
 

@@ -179,3 +179,75 @@ def test_the_lm_benchmark_scores_the_exact_return_from_the_probability_of_each_m
     assert bench.exact_return(trainer) == pytest.approx(5.0)
     chances.update({"p1a0": 0.0, "p1a1": 1.0})  # the safe convention: 8 on every deal
     assert bench.exact_return(trainer) == pytest.approx(8.0)
+
+
+def test_the_lm_benchmarks_scripted_partners_are_worth_what_their_conventions_promise():
+    """benchmarks/lm_tiny_hanabi.py --partner: player 0 plays a fixed convention by its card, and the
+    exact return scores it as certain. With player 1 answering each convention's best reply with
+    probability 1 (read off game E's payoffs by hand: after p0a2 or p0a0 of ``optimal`` the cards are
+    known, so p1a0 when they match and p1a2 when they differ; after ``nine``'s p0a0 the card is 0, so
+    p1a0 with card 0 and p1a2 with card 1, and p1a1 after p0a1) the team is worth 10, 9 and 8; with
+    player 1 answering p1a2 at every prompt, ``optimal`` is worth 5 (right when the cards differ)."""
+    import importlib.util
+    import re
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    import torch
+
+    from llm_marl.envs.openspiel import tiny_hanabi
+    from llm_marl.policies.scripted import ScriptedPolicy
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("llm_marl_bench_lm_tiny_hanabi", root / "benchmarks" / "lm_tiny_hanabi.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    best = {
+        "optimal": {("d0", "a2"): "p1a0", ("d1", "a2"): "p1a2", ("d0", "a0"): "p1a2", ("d1", "a0"): "p1a0"},
+        "nine": {("d0", "a0"): "p1a0", ("d1", "a0"): "p1a2", ("d0", "a1"): "p1a1", ("d1", "a1"): "p1a1"},
+        "safe": {("d0", "a1"): "p1a1", ("d1", "a1"): "p1a1"},
+    }
+
+    class Player1:
+        def __init__(self, answers):
+            self.answers = answers
+
+        def tokenizer(self, text, add_special_tokens=False):
+            return {"input_ids": [ord(c) for c in text]}
+
+        def token_log_probs(self, observations, completions):
+            values = torch.full((len(completions), 1), float("-inf"))
+            for i, (observation, completion) in enumerate(zip(observations, completions)):
+                card, move = re.search(r"p1:(d\d) p0:(a\d)", observation).groups()
+                if self.answers(card, move) == completion.text:
+                    values[i, 0] = 0.0
+            return values, torch.ones(len(completions), 1, dtype=torch.bool)
+
+    for convention, worth in (("optimal", 10.0), ("nine", 9.0), ("safe", 8.0)):
+        assert bench.best_answers(convention) == {(int(c[1]), int(m[1])): int(a[-1]) for (c, m), a in best[convention].items()}
+        partner = ScriptedPolicy(bench.partner_answers(convention), "player_0")
+        assert partner.fn("tiny_hanabi_E: you are player 0.\np0:d1\nWhich move do you make?", 2) == [bench.PARTNERS[convention]["d1"]] * 2
+        trainer = SimpleNamespace(eval_env=tiny_hanabi("E", text=True, split="eval"),
+                                  policies={"player_0": partner, "player_1": Player1(lambda c, m, t=best[convention]: t[(c, m)])})
+        assert bench.exact_return(trainer) == pytest.approx(worth), convention
+    trainer.policies = {"player_0": ScriptedPolicy(bench.partner_answers("optimal"), "player_0"), "player_1": Player1(lambda c, m: "p1a2")}
+    assert bench.exact_return(trainer) == pytest.approx(5.0)
+    with pytest.raises(ValueError, match="no single card of player 0"):
+        bench.partner_answers("optimal")("you are player 0.", 1)
+
+
+def test_the_lm_benchmarks_supervised_check_trains_player_1_on_its_best_answers(tmp_path):
+    """benchmarks/lm_tiny_hanabi.py --supervised: player 1's adapter trained by cross-entropy on its
+    best answers at each of its prompts (found by walking game E's tree) raises every right
+    answer's probability."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("llm_marl_bench_lm_tiny_hanabi", root / "benchmarks" / "lm_tiny_hanabi.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    trainer = bench.build({**bench.RUN, "model": "tiny", "lora_target_modules": ["c_attn"], "seed": 0, "output_dir": str(tmp_path), "num_threads": 1}, None)
+    trace = bench.supervised_steps(trainer, "optimal", learning_rate=1e-2, limit=3)
+    assert len(trace) == 3 and sorted(trace[0]["right"]) == ["d0a0", "d0a2", "d1a0", "d1a2"]
+    assert all(trace[-1]["log_prob"][k] > trace[0]["log_prob"][k] for k in trace[0]["log_prob"])
