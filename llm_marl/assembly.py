@@ -31,7 +31,9 @@ built (the command prints them).
 
 The command's other options are assembled here too: an env from a registry id or entry point
 (:func:`make_env`, :func:`limit_items`), tabular policies over a menu (:func:`tabular_policies`),
-the config (:func:`make_config`) and the trainer (:func:`build_trainer`).
+the config (:func:`make_config`) and the trainer (:func:`build_trainer`). What can be refused
+without building anything (a malformed menu, a model path that does not exist) is refused by
+:func:`check_policy_options`, which imports no torch, so the command rejects such flags at once.
 
 Errors are :class:`AssemblyError`, a ``ValueError``, naming the source as the caller spells it
 (``label``: ``--model`` for the command, ``agent_model`` or ``agents`` for the constructor).
@@ -96,19 +98,35 @@ def make_policies(
     no tokenizers); ``kind="lm"``: language models from the source ``model``
     (:func:`build_policies`, which the other keywords go to); ``quiet``: hush the model hub's
     download messages first."""
+    check_policy_options(kind, actions=actions, model=model, lora_r=getattr(args, "lora_r", None), label=label)
     if kind == "tabular":
         policies = tabular_policies(env, actions, env_id)
         return Assembled(policies, [None] * len(policies))
-    if kind != "lm":
-        raise AssemblyError(f"unknown --policy {kind!r}; choose {' or '.join(POLICY_KINDS)}")
-    if getattr(args, "lora_r", None) is not None and (isinstance(model, list) or (isinstance(model, str) and "," in model)):
-        raise AssemblyError(f"--lora_r: the agents are adapters of ONE base model; give one {label}, not {model!r}")
     if quiet:
         quiet_downloads()
     return build_policies(
         agents, model, args, tokenizer=tokenizer, model_config=model_config, system_prompt=system_prompt,
         chat_template=chat_template, explicit=explicit, label=label,
     )
+
+
+def check_policy_options(kind: str, *, actions: Any = None, model: Any = "tiny", lora_r: Any = None, label: str = "--model") -> None:
+    """Refuse what :func:`make_policies` would refuse before it builds anything, reading no
+    model and importing no torch (the command checks its flags with it first): an unknown
+    ``kind``; for ``tabular``, a malformed ``actions`` menu (:func:`parse_actions`); for ``lm``,
+    several sources for one LoRA base, a local-looking path that does not exist or a near miss
+    of a model name (:func:`check_model_source`)."""
+    if kind == "tabular":
+        if actions is not None:
+            parse_actions(actions)
+        return
+    if kind != "lm":
+        raise AssemblyError(f"unknown --policy {kind!r}; choose {' or '.join(POLICY_KINDS)}")
+    if lora_r is not None and (isinstance(model, list) or (isinstance(model, str) and "," in model)):
+        raise AssemblyError(f"--lora_r: the agents are adapters of ONE base model; give one {label}, not {model!r}")
+    for source in model if isinstance(model, (list, tuple)) else [model]:
+        if isinstance(source, (str, os.PathLike)):
+            check_model_source(str(source), label)
 
 
 def build_policies(
@@ -226,13 +244,18 @@ def _sources(model: Any, agents: list[str], label: str) -> tuple[list[Any], bool
     else:
         sources, shared = [model] * len(agents), True
     for path in sources:
-        if not isinstance(path, str):
-            continue
-        local = path.startswith(("/", ".", "~")) or path.count("/") > 1 or os.sep != "/" and os.sep in path
-        if path != "tiny" and local and not os.path.exists(os.path.expanduser(path)):
-            raise AssemblyError(f"{label} {path}: no such folder (give a model folder, a hub id such as gpt2, or 'tiny')")
-        _check_not_a_misspelt_name(path, label)
+        if isinstance(path, str):
+            check_model_source(path, label)
     return sources, shared
+
+
+def check_model_source(path: str, label: str = "--model") -> None:
+    """Refuse a model source string that cannot be one: a local-looking path (``/``, ``.``,
+    ``~``, or two slashes) that does not exist, or a near miss of a model name."""
+    local = path.startswith(("/", ".", "~")) or path.count("/") > 1 or os.sep != "/" and os.sep in path
+    if path != "tiny" and local and not os.path.exists(os.path.expanduser(path)):
+        raise AssemblyError(f"{label} {path}: no such folder (give a model folder, a hub id such as gpt2, or 'tiny')")
+    _check_not_a_misspelt_name(path, label)
 
 
 def _check_not_a_misspelt_name(model: str, label: str) -> None:
@@ -471,12 +494,19 @@ def tabular_policies(env: Any, actions: Any, env_id: str) -> list[Any]:
             raise AssemblyError(f"--policy tabular needs --actions a,b,c: env {env_id}'s task has no menu attribute")
         given = list(menu)
     else:
-        given = [a.strip() for a in actions.split(",")] if isinstance(actions, str) else [str(a) for a in actions]
-        if not given or any(a == "" for a in given):
-            raise AssemblyError(f"--actions {actions!r}: give a comma-separated menu of non-empty answers, e.g. --actions alpha,beta")
-        if len(set(given)) != len(given):
-            raise AssemblyError(f"--actions {actions!r}: answers must be distinct")
+        given = parse_actions(actions)
     return [TabularPolicy(given) for _ in env.possible_agents]
+
+
+def parse_actions(actions: Any) -> list[str]:
+    """The menu ``actions`` names (``a,b,c`` or a list): non-empty, distinct answers, else an
+    :class:`AssemblyError` naming ``--actions``."""
+    given = [a.strip() for a in actions.split(",")] if isinstance(actions, str) else [str(a) for a in actions]
+    if not given or any(a == "" for a in given):
+        raise AssemblyError(f"--actions {actions!r}: give a comma-separated menu of non-empty answers, e.g. --actions alpha,beta")
+    if len(set(given)) != len(given):
+        raise AssemblyError(f"--actions {actions!r}: answers must be distinct")
+    return given
 
 
 def make_config(config_class: type, settings: dict[str, Any], env: Any) -> Any:

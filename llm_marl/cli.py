@@ -244,16 +244,23 @@ class UsageError(Exception):
     """Bad usage — a flag, a config value, an env id, a model path or a folder (exit status 2)."""
 
 
-def learner_classes(name: str) -> tuple[type, type]:
-    """(config class, trainer class) of learner ``name`` (magrpo, mareinforce, marloo, maremax, iac, maac,
-    madpo, marlhf, madpoiter, marlhfiter)."""
+def learner_config(name: str) -> type:
+    """The config class of learner ``name`` alone: the REINFORCE and actor-critic configs import
+    without torch, so the command parses and checks its flags before any heavy import."""
     import llm_marl.learners as learners
 
     key = str(name).lower()
     if key not in LEARNERS:
         raise UsageError(f"unknown learner {name!r}; choose one of {', '.join(LEARNERS)}")
-    prefix = LEARNERS[key]
-    return getattr(learners, f"{prefix}Config"), getattr(learners, f"{prefix}Trainer")
+    return getattr(learners, f"{LEARNERS[key]}Config")
+
+
+def learner_classes(name: str) -> tuple[type, type]:
+    """(config class, trainer class) of learner ``name`` (magrpo, mareinforce, marloo, maremax, iac, maac,
+    madpo, marlhf, madpoiter, marlhfiter)."""
+    import llm_marl.learners as learners
+
+    return learner_config(name), getattr(learners, f"{LEARNERS[str(name).lower()]}Trainer")
 
 
 # --- options: flags and YAML ----------------------------------------------------------------
@@ -375,7 +382,7 @@ def _run_options(ns: argparse.Namespace, use_default: bool) -> tuple[dict[str, A
     learner = getattr(ns, "learner", None) or loaded.get("learner") or "magrpo"
     options: dict[str, Any] = default_options(getattr(ns, "model", None), learner) if use_default else {"policy": "tabular", "learner": "magrpo"}
     tiny_default = use_default and options["env"] == DEFAULT_RUN["env"]
-    config_class, _ = learner_classes(learner)
+    config_class = learner_config(learner)
     _check_keys(list(loaded), config_class, f"--config {ns.config}")
     options.update(coerce_mapping(config_class, loaded, source=ns.config or ""))
     explicit = set(loaded)
@@ -426,11 +433,12 @@ def build_trainer(options: dict[str, Any], explicit: set[str] | None = None) -> 
     ``explicit``: the option keys the user gave (None: all of them); sampling settings saved
     with a model (``llm_marl_policy.json``) yield only to explicit ones.
     """
-    config_class, trainer_class = learner_classes(options.get("learner", "magrpo"))
+    config_class = learner_config(options.get("learner", "magrpo"))
     fields = {f.name for f in dataclasses.fields(config_class)}
     _check_keys(list(options), config_class, "options")
     if not options.get("env"):
         raise UsageError("--env is required (see `llm-marl list`)")
+    check_policy_flags(options)
     _import_modules(options.get("import") or [])
     turns = options.get("num_turns") if explicit is None or "num_turns" in explicit else None
     lm = options.get("policy") == "lm"
@@ -448,11 +456,24 @@ def build_trainer(options: dict[str, Any], explicit: set[str] | None = None) -> 
             env = assembly.limit_items(env, int(options["train_items"]), options["env"])
         args = assembly.make_config(config_class, {k: v for k, v in options.items() if k in fields}, env)
         policies = _make_policies(options, env, args, explicit)
+        trainer_class = learner_classes(options.get("learner", "magrpo"))[1]  # torch loads here, if not before
         trainer = assembly.build_trainer(trainer_class, env, policies, args, eval_env)
     except assembly.AssemblyError as exc:
         raise UsageError(str(exc)) from None
     trainer.launch_identity = {k: options.get(k) for k in ("env", "policy", "model", "actions", "train_items")}
     return trainer
+
+
+def check_policy_flags(options: dict[str, Any]) -> None:
+    """Refuse ``--actions``, ``--model`` (and ``--policy``) values that cannot build a policy,
+    before any env, model or torch is loaded (:func:`llm_marl.assembly.check_policy_options`)."""
+    try:
+        assembly.check_policy_options(
+            options.get("policy", "tabular"), actions=options.get("actions"), model=options.get("model") or "tiny",
+            lora_r=options.get("lora_r"),
+        )
+    except assembly.AssemblyError as exc:
+        raise UsageError(str(exc)) from None
 
 
 def _import_modules(names: Sequence[str]) -> None:
@@ -509,7 +530,8 @@ def _samples(trainer: Any, count: int = 3) -> list[dict[str, str]]:
 
 
 def cmd_train(ns: argparse.Namespace, argv: Sequence[str]) -> int:
-    from llm_marl.runs import checkpoint, run_folder
+    # Every check before build_trainer reads flags and folders only: torch loads after them.
+    from llm_marl.runs import run_folder
     from llm_marl.runs.interrupt import TrainingInterrupted
 
     use_default = not ns.env and not ns.config and not ns.program
@@ -536,8 +558,10 @@ def cmd_train(ns: argparse.Namespace, argv: Sequence[str]) -> int:
             print(f"llm-marl: moved the previous contents of {out} aside to {run_folder.move_aside(out)}")
     if not resume and not options.get("overwrite_output_dir") and not run_folder.is_empty(out) and main_rank:
         raise UsageError(run_folder.refusal(out))
-    if resume is True and not checkpoint.list_checkpoints(out):
+    if resume is True and (run_folder.is_empty(out) or not _list_checkpoints(out)):
         raise UsageError(f"nothing to resume in {out}: it holds no checkpoint (start the run without --resume)")
+    if isinstance(resume, str) and not os.path.isdir(resume):
+        raise UsageError(f"{resume}: no such checkpoint folder")  # checkpoint.verify's message, before torch loads
     if use_default:
         print(f"llm-marl: {'no arguments' if len(argv) <= 1 else 'no --env or --config'}, running the embedded default ({_describe_default(options)})")
     trainer = build_trainer(options, explicit)
@@ -551,6 +575,12 @@ def cmd_train(ns: argparse.Namespace, argv: Sequence[str]) -> int:
         if os.path.isdir(os.path.join(options["output_dir"], "rollouts")):
             print(f"llm-marl: rollout trees recorded; see them with: llm-marl view {options['output_dir']}")
     return 0
+
+
+def _list_checkpoints(out: str) -> list[str]:
+    from llm_marl.runs import checkpoint  # imports torch: only for a folder that holds something
+
+    return checkpoint.list_checkpoints(out)
 
 
 def _describe_default(options: dict[str, Any]) -> str:
@@ -801,10 +831,12 @@ class _Parser(argparse.ArgumentParser):
 def parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     """The ``llm-marl`` parser; ``argv`` selects the learner whose config fields become flags."""
     learner = _learner_of(argv)
-    # Only `train` and `eval` need the learner's config class (and so torch): `--help`, `list`
-    # and `models` build their parsers without importing it. parser() with no argv is complete.
+    # Only `train` and `eval` need the learner's config class (a preference learner's imports
+    # torch): `--help`, `list` and `models` build their parsers without importing it. The trainer
+    # class is not imported here, so a bad flag (and `train --help`) needs no torch for the
+    # REINFORCE and actor-critic learners. parser() with no argv is complete.
     command = next((token for token in argv if not token.startswith("-")), None)
-    config_class = learner_classes(learner)[0] if command in ("train", "eval") or not argv else None
+    config_class = learner_config(learner) if command in ("train", "eval") or not argv else None
     root = _Parser(prog="llm-marl", description=DESCRIPTION, epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     commands = root.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
@@ -877,14 +909,22 @@ def parser(argv: Sequence[str] = ()) -> argparse.ArgumentParser:
     return root
 
 
-def _usage_errors() -> tuple[type, ...]:
-    from llm_marl.envs.registry import UnknownEnvError
-    from llm_marl.runs.checkpoint import NoSuchCheckpoint, NothingToResume
-    from llm_marl.learners.config_types import ConfigTypeError
-    from llm_marl.runs.run_folder import RunFolderError
-    from llm_marl.policies.models import ModelUnavailable
+USAGE_ERRORS = {
+    "llm_marl.learners.config_types": ("ConfigTypeError",),
+    "llm_marl.runs.run_folder": ("RunFolderError",),
+    "llm_marl.runs.checkpoint": ("NothingToResume", "NoSuchCheckpoint"),
+    "llm_marl.envs.registry": ("UnknownEnvError",),
+    "llm_marl.policies.models": ("ModelUnavailable",),
+}
+"""Exceptions of other modules that are bad usage (exit status 2), by module."""
 
-    return (UsageError, ConfigTypeError, RunFolderError, NothingToResume, NoSuchCheckpoint, UnknownEnvError, ModelUnavailable)
+
+def _usage_errors() -> tuple[type, ...]:
+    """:class:`UsageError` and the :data:`USAGE_ERRORS` of the modules already imported: an
+    exception of a module not imported cannot have been raised, and importing it to check
+    (``runs.checkpoint`` imports torch) would make every early error slow."""
+    loaded = [sys.modules[name] for name in USAGE_ERRORS if name in sys.modules]
+    return (UsageError, *(getattr(module, cls) for module in loaded for cls in USAGE_ERRORS[module.__name__]))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

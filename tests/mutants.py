@@ -935,11 +935,18 @@ MUTANTS: list[Mutant] = [
         ("tests/test_sampler_gap.py::test_max_sampler_gap_stops_the_run_before_the_step",),
     ),
     Mutant(
-        "llm-marl --help, list and models build the learner's config flags (torch loads)",
+        "llm-marl --help, list and models import the learner's trainer to build its flags (torch loads)",
         "llm_marl/cli.py",
-        'config_class = learner_classes(learner)[0] if command in ("train", "eval") or not argv else None',
+        'config_class = learner_config(learner) if command in ("train", "eval") or not argv else None',
         "config_class = learner_classes(learner)[0]",
         ("tests/test_first_hour.py::test_listing_commands_do_not_import_torch",),
+    ),
+    Mutant(
+        "a missing --model folder or a malformed --actions menu is refused only after torch loads",
+        "llm_marl/cli.py",
+        "    check_policy_flags(options)\n    _import_modules(",
+        "    _import_modules(",
+        ("tests/test_cli.py::test_usage_errors_come_before_torch_loads",),
     ),
     Mutant(
         "a learner family's tiny defaults keep the REINFORCE-only fields",

@@ -6,6 +6,8 @@ import json
 import os
 import re
 import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -129,6 +131,51 @@ def test_usage_errors_are_short_messages(tmp_path, capsys, argv, message):
     err = capsys.readouterr().err
     assert message.replace("{tmp}", str(tmp_path)) in err
     assert "Traceback" not in err and len(err.strip().splitlines()) <= 2
+
+
+EARLY = [
+    (["train", "--env", "ClimbingGame-v0", "--policy", "lm", "--model", "smollm2-135n"], "did you mean smollm2-135m?"),
+    (["train", "--env", "ClimbingGame-v0", "--output_dir", "{tmp}/used"], "output folder {tmp}/used is not empty"),
+    (["train", "--env", "ClimbingGame-v0", "--learner", "ppo"], "invalid choice: 'ppo'"),
+    (["train", "--env", "ClimbingGame-v0", "--num_generations", "many"], "--num_generations: expected an int, got 'many'"),
+    # these two build the env (a matrix game's one-row dataset: `datasets` loads), not the policies
+    (["train", "--env", "ClimbingGame-v0", "--num_generations", "1"], "num_generations must be an int >= 2"),
+    (["train", "--env", "cli_envs:make_sum_target", "--num_turns", "2"], "does not take num_turns"),
+]
+"""Usage errors besides :data:`MESSAGES` that the command finds before torch loads."""
+
+_FRESH = """
+import contextlib, io, json, sys
+from llm_marl.cli import main
+seen = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = main(argv)
+    seen.append([code, err.getvalue(), [m for m in ("torch", "transformers", "datasets") if m in sys.modules]])
+print(json.dumps(seen))
+"""
+
+
+def test_usage_errors_come_before_torch_loads(tmp_path):
+    """A bad flag is refused at once: each usage error of MESSAGES and EARLY, run one after
+    another in one fresh interpreter, exits 2 with its message and leaves torch and transformers
+    unimported (and `datasets` too, but for the two errors that need the env built)."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "notes.txt").write_text("a file of someone else's")
+    cells = [([a.replace("{tmp}", str(tmp_path)) for a in argv], message.replace("{tmp}", str(tmp_path))) for argv, message in MESSAGES + EARLY]
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(tests), tests]), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", _FRESH, json.dumps([argv for argv, _ in cells])],
+                          capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert done.returncode == 0, done.stderr
+    for i, ((argv, message), (code, err, heavy)) in enumerate(zip(cells, json.loads(done.stdout.splitlines()[-1]), strict=True)):
+        assert code == 2 and message in err, (argv, err)
+        allowed = {"datasets"} if i >= len(cells) - 2 else set()  # EARLY's last two
+        assert not set(heavy) - allowed, f"llm-marl {' '.join(argv)} imported {heavy} before its error: {err}"
+    assert sorted(os.listdir(tmp_path)) == ["empty", "used"]  # no run folder written (runs/... is the default)
+    assert os.listdir(tmp_path / "empty") == [] and os.listdir(tmp_path / "used") == ["notes.txt"]
 
 
 def test_num_turns_for_a_factory_without_it_is_an_error_not_a_silent_drop(tmp_path, capsys, monkeypatch):

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from llm_marl.policies.base import Policy
-
 
 def env_horizon(env: Any) -> int | None:
     """The number of turns ``env`` plays, or None where it declares none."""
@@ -43,6 +41,8 @@ def check_horizon(env: Any, num_turns: int, name: str = "env") -> None:
 
 def check_policies(policies: Mapping[str, Any]) -> None:
     """Raise unless every value is a Policy and no trainable parameter is shared by two agents."""
+    from llm_marl.policies.base import Policy  # torch: imported here, so env_horizon (the command's env checks) needs none
+
     for agent, policy in policies.items():
         if not isinstance(policy, Policy):
             missing = [m for m in ("sample", "log_probs", "parameters") if not callable(getattr(policy, m, None))]
