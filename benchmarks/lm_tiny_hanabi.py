@@ -353,4 +353,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    from llm_marl.cli import UsageError
+
+    try:
+        main()
+    except UsageError as exc:  # a bad --set value: the command's one-line message, no traceback
+        raise SystemExit(f"lm_tiny_hanabi.py: error: {exc}") from None
