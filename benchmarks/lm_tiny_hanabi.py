@@ -196,10 +196,12 @@ def exact_return(trainer) -> float:
     """The team's exact expected return over game E's four deals, every move enumerated
     (``OpenSpielEnv.expected_return``): a player's probability of a move is the probability that
     its sampled answer begins with the move's name (temperature sampling, from the scoring pass);
-    any other answer counts as illegal (return 0, the game's minimum)."""
+    any other answer counts as illegal (return 0, the game's minimum). A choice policy
+    (``choice_answers``) gives its menu probabilities."""
     import torch
 
     from llm_marl.policies.base import Completion
+    from llm_marl.policies.choice import ChoicePolicy
     from llm_marl.policies.scripted import ScriptedPolicy
 
     env = trainer.eval_env
@@ -210,6 +212,9 @@ def exact_return(trainer) -> float:
         if isinstance(policy, ScriptedPolicy):
             [answer] = policy.fn(observation, 1)
             return [1.0 if name == answer else 0.0 for name in names]
+        if isinstance(policy, ChoicePolicy):
+            chosen = policy.probabilities(observation)
+            return [chosen.get(name, 0.0) for name in names]
         tokens = [tuple(policy.tokenizer(name, add_special_tokens=False)["input_ids"]) for name in names]
         with torch.no_grad():
             values, _ = policy.token_log_probs([observation] * len(names), [Completion(n, token_ids=t) for n, t in zip(names, tokens)])

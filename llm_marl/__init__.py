@@ -48,6 +48,7 @@ _HOMES = {
     "llm_marl.policies": (
         "CausalLMCritic",
         "CausalLMPolicy",
+        "ChoicePolicy",
         "Completion",
         "Critic",
         "LoRATeam",

@@ -98,25 +98,36 @@ def make_policies(
     no tokenizers); ``kind="lm"``: language models from the source ``model``
     (:func:`build_policies`, which the other keywords go to); ``quiet``: hush the model hub's
     download messages first."""
-    check_policy_options(kind, actions=actions, model=model, lora_r=getattr(args, "lora_r", None), label=label)
+    choice = bool(getattr(args, "choice_answers", False))
+    check_policy_options(kind, actions=actions, model=model, lora_r=getattr(args, "lora_r", None), label=label, choice_answers=choice)
     if kind == "tabular":
         policies = tabular_policies(env, actions, env_id)
         return Assembled(policies, [None] * len(policies))
     if quiet:
         quiet_downloads()
-    return build_policies(
+    built = build_policies(
         agents, model, args, tokenizer=tokenizer, model_config=model_config, system_prompt=system_prompt,
         chat_template=chat_template, explicit=explicit, label=label,
     )
+    if choice:
+        from llm_marl.policies.choice import ChoicePolicy
+
+        built.policies = [ChoicePolicy(policy) for policy in built.policies]
+        built.lines.append("answers: a choice among the moves each prompt lists (choice_answers), scored by each move's log-probability")
+    return built
 
 
-def check_policy_options(kind: str, *, actions: Any = None, model: Any = "tiny", lora_r: Any = None, label: str = "--model") -> None:
+def check_policy_options(
+    kind: str, *, actions: Any = None, model: Any = "tiny", lora_r: Any = None, label: str = "--model", choice_answers: bool = False,
+) -> None:
     """Refuse what :func:`make_policies` would refuse before it builds anything, reading no
     model and importing no torch (the command checks its flags with it first): an unknown
     ``kind``; for ``tabular``, a malformed ``actions`` menu (:func:`parse_actions`); for ``lm``,
     several sources for one LoRA base, a local-looking path that does not exist or a near miss
-    of a model name (:func:`check_model_source`)."""
+    of a model name (:func:`check_model_source`); ``choice_answers`` with tabular policies."""
     if kind == "tabular":
+        if choice_answers:
+            raise AssemblyError("--choice_answers: language-model agents only (--policy lm); a tabular policy already chooses from its menu")
         if actions is not None:
             parse_actions(actions)
         return

@@ -470,7 +470,7 @@ def check_policy_flags(options: dict[str, Any]) -> None:
     try:
         assembly.check_policy_options(
             options.get("policy", "tabular"), actions=options.get("actions"), model=options.get("model") or "tiny",
-            lora_r=options.get("lora_r"),
+            lora_r=options.get("lora_r"), choice_answers=bool(options.get("choice_answers")),
         )
     except assembly.AssemblyError as exc:
         raise UsageError(str(exc)) from None

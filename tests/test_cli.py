@@ -137,6 +137,7 @@ EARLY = [
     (["train", "--env", "ClimbingGame-v0", "--policy", "lm", "--model", "smollm2-135n"], "did you mean smollm2-135m?"),
     (["train", "--env", "ClimbingGame-v0", "--output_dir", "{tmp}/used"], "output folder {tmp}/used is not empty"),
     (["train", "--env", "ClimbingGame-v0", "--learner", "ppo"], "invalid choice: 'ppo'"),
+    (["train", "--env", "ClimbingGame-v0", "--choice_answers"], "--choice_answers: language-model agents only (--policy lm)"),
     (["train", "--env", "ClimbingGame-v0", "--num_generations", "many"], "--num_generations: expected an int, got 'many'"),
     # these two build the env (a matrix game's one-row dataset: `datasets` loads), not the policies
     (["train", "--env", "ClimbingGame-v0", "--num_generations", "1"], "num_generations must be an int >= 2"),

@@ -11,6 +11,7 @@ import json
 import re
 
 import pytest
+import torch
 
 pytest.importorskip("pyspiel")
 
@@ -251,3 +252,41 @@ def test_the_lm_benchmarks_supervised_check_trains_player_1_on_its_best_answers(
     trace = bench.supervised_steps(trainer, "optimal", learning_rate=1e-2, limit=3)
     assert len(trace) == 3 and sorted(trace[0]["right"]) == ["d0a0", "d0a2", "d1a0", "d1a2"]
     assert all(trace[-1]["log_prob"][k] > trace[0]["log_prob"][k] for k in trace[0]["log_prob"])
+
+
+def test_a_choice_answering_player_learns_its_best_answer_and_its_reward_blind_control_does_not(tmp_path):
+    """``choice_answers``: player 1, a tiny LoRA adapter choosing among the moves its prompt lists
+    (ChoicePolicy), plays against the scripted ``safe`` partner (player 0 always plays its middle
+    move). Its best answer is then ``p1a1`` at both cards (payoff 8; the others 4), so the team's
+    exact return can reach 8. Trained by MAGRPO, it does; trained from advantages shuffled within
+    each group (same seed, same deals), it does not. Every answer is legal (the menu)."""
+    import importlib.util
+    from pathlib import Path
+
+    from controls import reward_blind
+    from llm_marl.policies.choice import ChoicePolicy
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("llm_marl_bench_lm_tiny_hanabi", root / "benchmarks" / "lm_tiny_hanabi.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    found = {}
+    for arm in ("magrpo", "control"):
+        options = {**bench.RUN, "model": "tiny", "lora_target_modules": ["c_attn"], "choice_answers": True, "seed": 0,
+                   "output_dir": str(tmp_path / arm), "num_threads": 1, "agent_learning_rates": [1e-2, 1e-2], "temperature": 1.0,
+                   "eval_interval": 0, "dynamic_sampling": False}
+        torch.manual_seed(0)
+        trainer = bench.build(options, "safe")
+        assert isinstance(trainer.policies["player_1"], ChoicePolicy)
+        before = bench.exact_return(trainer)
+        trainer.env.num_items = 6 * trainer.args.items_per_step
+        if arm == "control":
+            with reward_blind("shuffle", 0):
+                trainer.train()
+        else:
+            trainer.train()
+        found[arm] = (before, bench.exact_return(trainer), trainer.evaluate())
+    (start, learned, metrics), (control_start, control, _) = found["magrpo"], found["control"]
+    assert start == control_start and 4.0 < start < 7.5  # the same untrained team, below the partner's best
+    assert learned > 7.9 and control < start
+    assert metrics["eval/player_1/illegal_rate"] == 0.0

@@ -148,6 +148,8 @@ class MAGRPOConfig:
     """Adapter teams: the base model's weight dtype (e.g. "bfloat16"); None: as saved."""
     sample_dtype: str | None = None
     """Adapter teams (and CausalLMPolicy(sample_dtype=)): decode with a copy of the weights in this dtype (e.g. "bfloat16"), refreshed after every update; scoring stays exact on the model's own weights. None: sample with the model itself."""
+    choice_answers: bool = False
+    """Language-model agents answer by choosing one of the moves their prompt lists ("Choose one of: a, b, c.", as OpenSpiel text prompts do): a softmax over the moves' whole-answer log-probabilities (ChoicePolicy), not free text. False: free text."""
     reward_error_policy: str = "raise"
     """A task error while rolling out an item: "raise" stops training; "skip" drops the item, counts and logs it."""
     progress_bar: bool = True

@@ -13,6 +13,7 @@ __all__, __getattr__, __dir__ = _lazy_exports(
         "llm_marl.policies.adapter_critic": ("AdapterCritic",),
         "llm_marl.policies.base": ("Completion", "Policy"),
         "llm_marl.policies.causal_lm": ("CausalLMPolicy",),
+        "llm_marl.policies.choice": ("ChoicePolicy",),
         "llm_marl.policies.critic": ("Critic", "joint_observation"),
         "llm_marl.policies.lm_critic": ("CausalLMCritic", "ValueHead"),
         "llm_marl.policies.lora_team": ("AdapterPolicy", "LoRATeam"),
