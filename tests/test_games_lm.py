@@ -290,3 +290,21 @@ def test_a_choice_answering_player_learns_its_best_answer_and_its_reward_blind_c
     assert start == control_start and 4.0 < start < 7.5  # the same untrained team, below the partner's best
     assert learned > 7.9 and control < start
     assert metrics["eval/player_1/illegal_rate"] == 0.0
+
+
+def test_the_exact_update_diagnostic_values_player_1s_prompts_by_game_es_payoffs():
+    """benchmarks/lm_player1_exact.py: each prompt player 1 can see against a scripted partner, its
+    probability and each answer's mean payoff, against the payoff table read by hand."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("llm_marl_bench_lm_player1_exact", root / "benchmarks" / "lm_player1_exact.py")
+    exact = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(exact)
+    bench = exact.load_benchmark()
+    weights, values = exact.prompt_values(bench, "optimal")  # card 0 plays p0a2, card 1 plays p0a0
+    assert weights == {(0, 0): 0.25, (1, 0): 0.25, (0, 2): 0.25, (1, 2): 0.25}
+    assert values == {(0, 0): [0, 0, 10], (1, 0): [10, 0, 0], (0, 2): [10, 0, 0], (1, 2): [0, 0, 10]}
+    weights, values = exact.prompt_values(bench, "safe")  # both cards play p0a1: the mean over player 0's cards
+    assert weights == {(0, 1): 0.5, (1, 1): 0.5} and values == {(0, 1): [4, 8, 4], (1, 1): [4, 8, 4]}

@@ -22,6 +22,9 @@ and the entropy the stall metrics log is the menu distribution's.
 
 Everything else (parameters, ``state_dict``, ``save_pretrained``, ``train``/``eval``, ``to``)
 is the wrapped policy's, so checkpoints and saved adapters are the same as without the wrapper.
+Sampling runs one scoring pass of the wrapped model itself (no decoding), so its sampling
+settings (``max_new_tokens``, ``top_p``, ``top_k``, a ``sample_dtype`` copy) do not apply; its
+score temperature does. Draws come from torch's global RNG, which checkpoints keep.
 The CLI builds it with ``--choice_answers`` (config ``choice_answers``).
 """
 
@@ -42,7 +45,7 @@ def listed_choices(observation: str) -> list[str]:
     period): the menu of an :class:`~llm_marl.envs.openspiel.OpenSpielEnv` text prompt. Raises
     ``ValueError`` naming the prompt when it lists none."""
     text = observation if isinstance(observation, str) else ""
-    head, found, tail = text.rpartition("Choose one of: ")
+    _, found, tail = text.rpartition("Choose one of: ")
     match = LISTED.match(found + tail) if found else None
     names = [name.strip() for name in match.group(1).split(",")] if match else []
     if not names or not all(names):
