@@ -62,6 +62,7 @@ def main() -> None:
     parser.add_argument("--draws", type=int, default=4, help="K of the imitate rule")
     ns = parser.parse_args()
     bench = load_benchmark()
+    bench.print_machine()
     if ns.partner not in bench.PARTNERS:
         parser.error(f"--partner: choose one of {sorted(bench.PARTNERS)}, got {ns.partner!r}")
     import torch
