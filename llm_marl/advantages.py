@@ -50,6 +50,19 @@ def max_advantages(returns: torch.Tensor) -> torch.Tensor:
     return returns - returns.max()
 
 
+@register_baseline("best")
+def best_advantages(returns: torch.Tensor) -> torch.Tensor:
+    """Best-of-group imitation (RAFT's reward-ranked fine-tuning, within one group): the n answers
+    that earned the group's highest return get 1/n each when that return beats another answer's,
+    every other answer 0; a group whose K returns coincide gets 0 everywhere. With
+    ``advantage_normalization`` off, one group's update is the log-likelihood gradient of its best
+    answer; with it on, the centred and scaled version (the others pushed down)."""
+    best = returns == returns.max()
+    if bool(best.all()):
+        return torch.zeros_like(returns)
+    return best.to(returns.dtype) / best.sum()
+
+
 def normalize_advantages(advantages: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     """Centre and divide by the population std (divide by K), the denominator floored at ``eps``."""
     centred = advantages - advantages.mean()

@@ -7,6 +7,9 @@ The K=4 example used throughout: returns r = [1, 2, 3, 6], so sum = 12, mean = 3
     rloo  A_k = r_k - (12 - r_k) / 3  = [1 - 11/3, 2 - 10/3, 3 - 9/3, 6 - 6/3]
                                       = [-8/3, -4/3,  0,  4]   (= 4/3 x the mean advantages)
     max   A = r - 6                   = [-5,   -4,   -3,  0]
+    best  A = 1/n on the n answers at the max, 0 elsewhere = [0, 0, 0, 1]
+          (normalized: centred [-1/4, -1/4, -1/4, 3/4], std sqrt(3/16) = 0.4330127,
+           A = [-0.5773503, -0.5773503, -0.5773503, 1.7320508])
 
 Normalized (every mode): centre, divide by the POPULATION std of the group:
     centred = [-2, -1, 0, 3]; variance = (4 + 1 + 0 + 9) / 4 = 3.5; std = sqrt(3.5) = 1.8708287
@@ -108,7 +111,14 @@ def test_unnormalized_modes_keep_their_differences():
                 assert values[a] != pytest.approx(values[b])
 
 
-@pytest.mark.parametrize("mode", MODES)
+def test_best_imitates_the_groups_best_answers_and_splits_ties():
+    assert group_advantages(RETURNS, "best", normalize=False) == [0.0, 0.0, 0.0, 1.0]
+    assert group_advantages(RETURNS, "best") == pytest.approx([-0.5773503, -0.5773503, -0.5773503, 1.7320508], abs=1e-6)
+    assert group_advantages([1.0, 6.0, 3.0, 6.0], "best", normalize=False) == [0.0, 0.5, 0.0, 0.5]
+    assert group_advantages([-2.0, -7.0], "best", normalize=False) == [1.0, 0.0]
+
+
+@pytest.mark.parametrize("mode", MODES + ("best",))
 def test_equal_returns_give_zeros_not_nan(mode):
     got = group_advantages([5.0, 5.0, 5.0, 5.0], mode)
     assert got == [0.0, 0.0, 0.0, 0.0]

@@ -316,7 +316,7 @@ def test_invalid_config_raises_naming_the_field(config_class, kwargs, field_name
     "kwargs, allowed",
     [
         (dict(joint_mode="diagonal"), ["aligned", "cross"]),
-        (dict(advantage_mode="median"), ["mean", "max", "rloo", "raw"]),
+        (dict(advantage_mode="median"), ["mean", "max", "rloo", "raw", "best"]),
         (dict(cross_aggregation="min"), ["sum", "mean", "max"]),
         (dict(num_generations=1), ["2"]),
     ],

@@ -27,7 +27,7 @@ from typing import Any, ClassVar, Sequence
 from llm_marl.learners.config_types import check_types
 
 JOINT_MODES = ("aligned", "cross", "crossed")
-ADVANTAGE_MODES = ("mean", "max", "rloo", "raw")
+ADVANTAGE_MODES = ("mean", "max", "rloo", "raw", "best")
 CROSS_AGGREGATIONS = ("sum", "mean", "max")
 TREE_RETURN_AGGREGATIONS = ("mean", "max", "softmax")
 PARALLEL_MODES = ("none", "mp")
@@ -80,7 +80,7 @@ class MAGRPOConfig:
     advantage_normalization: bool = True
     """Centre and scale each group's advantages by its population std (floored at 1e-6)."""
     advantage_mode: str = "mean"
-    """Baseline: "mean" (MAGRPO), "rloo", "max" (MAReMax) or "raw" (MAREINFORCE)."""
+    """Baseline: "mean" (MAGRPO), "rloo", "max" (MAReMax), "raw" (MAREINFORCE) or "best" (imitate each group's best answers)."""
     eval_interval: int = 16
     """Evaluate before dataset batch b whenever b % eval_interval == 0; 0 disables."""
     eval_num_samples: int = 4
