@@ -217,7 +217,7 @@ def test_train_help_names_the_config_class_and_shows_field_docs(capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "Config class: MARLOOConfig" in text
     assert "--num_generations INT, --num-generations INT K: samples per observation per agent (>= 2). (default: 4)" in text
-    assert "Baseline: \"mean\" (MAGRPO), \"rloo\", \"max\" (MAReMax) or \"raw\" (MAREINFORCE). (default: 'rloo')" in text
+    assert "Baseline: \"mean\" (MAGRPO), \"rloo\", \"max\" (MAReMax), \"raw\" (MAREINFORCE) or \"best\" (imitate each group's best answers). (default: 'rloo')" in text
 
 
 def test_eval_of_a_saved_policy_uses_its_saved_sampling_settings(tmp_path, capsys):

@@ -8,6 +8,7 @@ from llm_marl.advantages import (  # noqa: F401 (re-exported)
     aggregate_children,
     agent_returns,
     answer_entropies,
+    best_advantages,
     discounted_return,
     group_advantages,
     k3_kl,
