@@ -13,6 +13,7 @@ from llm_marl.assembly import AssemblyError, check_policy_options
 from llm_marl.policies import LoRATeam
 from llm_marl.policies.base import Completion, take_token_entropy
 from llm_marl.policies.choice import ChoicePolicy, listed_choices
+from resumed import uninterrupted_and_resumed
 
 PROMPTS = [
     "tiny_hanabi_E: you are player 1.\np1:d0 p0:a2\nWhich move do you make? Choose one of: p1a0, p1a1, p1a2.",
@@ -131,16 +132,7 @@ def test_a_choice_team_stopped_and_resumed_equals_an_uninterrupted_run(tiny_mode
                             early_termination_threshold=None, progress_bar=False, seed=3, **overrides)
         return MAGRPOTrainer(env=env, policies=policies, args=args)
 
-    torch.manual_seed(0)
-    full = make(tmp_path / "full")
-    full.train()
-    torch.manual_seed(0)
-    first = make(tmp_path / "split", max_steps=2)
-    first.train()
-    assert 0 < first.state.global_step < full.state.global_step
-    resumed = make(tmp_path / "split")
-    resumed.train(resume_from_checkpoint=True)
-    assert resumed.state.global_step == full.state.global_step
+    full, resumed = uninterrupted_and_resumed(make, tmp_path, max_steps=2, seed=0)
     for agent in ("player_0", "player_1"):
         a, b = full.policies[agent].state_dict(), resumed.policies[agent].state_dict()
         assert set(a) == set(b) and all(torch.equal(a[n], b[n]) for n in a), agent

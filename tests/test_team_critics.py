@@ -14,6 +14,7 @@ from llm_marl.policies import LoRATeam
 from llm_marl.policies.adapter_critic import AdapterCritic
 from llm_marl.policies.lora_team import adapter_parameters
 from llm_marl.tasks.function_task import FunctionTask
+from resumed import uninterrupted_and_resumed
 
 torch.set_num_threads(1)
 
@@ -177,14 +178,7 @@ def test_team_critics_resume_exactly(model_dir, tmp_path, trainer_class, config_
         args = ac_config(config_class, output_dir=str(output_dir), save_steps=1, num_train_epochs=2, **overrides)
         return trainer_class(env=env(), policies=team.policies, args=args)
 
-    full = make(tmp_path / "full")
-    full.train()
-    first = make(tmp_path / "split", max_steps=2)
-    first.train()
-    assert 0 < first.state.global_step < full.state.global_step
-    resumed = make(tmp_path / "split")
-    resumed.train(resume_from_checkpoint=True)
-    assert resumed.state.global_step == full.state.global_step
+    full, resumed = uninterrupted_and_resumed(make, tmp_path, max_steps=2)
     for name in full.critics:
         a, b = full.critics[name].state_dict(), resumed.critics[name].state_dict()
         assert set(a["adapter"]) == set(b["adapter"]) and all(torch.equal(a["adapter"][n], b["adapter"][n]) for n in a["adapter"]), name
