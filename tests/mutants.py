@@ -165,6 +165,20 @@ MUTANTS: list[Mutant] = [
         ("tests/test_stalls.py",),
     ),
     Mutant(
+        "best-of-group imitation gives each tied best answer 1 instead of 1/n",
+        "llm_marl/advantages.py",
+        "return best.to(returns.dtype) / best.sum()",
+        "return best.to(returns.dtype)",
+        ("tests/test_advantages.py", "tests/test_stalls.py"),
+    ),
+    Mutant(
+        "best-of-group imitation gives a group whose returns coincide a share each (no zero group)",
+        "llm_marl/advantages.py",
+        "    if bool(best.all()):\n        return torch.zeros_like(returns)\n",
+        "",
+        ("tests/test_advantages.py", "tests/test_stalls.py"),
+    ),
+    Mutant(
         "every agent's answers are credited by agent 0's position",
         "llm_marl/advantages.py",
         "groups[combo[position]].append(value)",
