@@ -8,13 +8,20 @@ from typing import Any, Callable
 import torch
 
 
-def uninterrupted_and_resumed(make: Callable[..., Any], root: Path, max_steps: int = 2, seed: int | None = None) -> tuple[Any, Any]:
+def uninterrupted_and_resumed(
+    make: Callable[..., Any],
+    root: Path,
+    max_steps: int = 2,
+    seed: int | None = None,
+    on_stopped: Callable[[Any], None] | None = None,
+) -> tuple[Any, Any]:
     """``make(output_dir, **overrides)`` builds a trainer that saves a checkpoint every step.
     Trains ``make(root / "full")`` to the end, and ``make(root / "split", max_steps=max_steps)``,
-    which stops early; then resumes a fresh ``make(root / "split")`` from its checkpoint. With
-    ``seed``, torch's global generator is seeded before each of the two runs starts. Returns (the
-    uninterrupted trainer, the resumed one), after asserting that the cut came before the end and
-    that the resumed run ended at the same optimizer step."""
+    which stops early (``on_stopped(trainer)`` then checks it); then resumes a fresh
+    ``make(root / "split")`` from its checkpoint. With ``seed``, torch's global generator is seeded
+    before each of the two runs starts. Returns (the uninterrupted trainer, the resumed one), after
+    asserting that the cut came at or after ``max_steps`` and before the end, and that the resumed
+    run ended at the same optimizer step."""
     if seed is not None:
         torch.manual_seed(seed)
     full = make(root / "full")
@@ -23,7 +30,9 @@ def uninterrupted_and_resumed(make: Callable[..., Any], root: Path, max_steps: i
         torch.manual_seed(seed)
     first = make(root / "split", max_steps=max_steps)
     first.train()
-    assert 0 < first.state.global_step < full.state.global_step
+    assert max_steps <= first.state.global_step < full.state.global_step
+    if on_stopped is not None:
+        on_stopped(first)
     resumed = make(root / "split")
     resumed.train(resume_from_checkpoint=True)
     assert resumed.state.global_step == full.state.global_step

@@ -9,6 +9,7 @@ Hand values used below (uniform 3-action tabular policy: log pi = log(1/3) = -1.
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -24,6 +25,7 @@ from llm_marl.policies.critic import joint_observation  # noqa: E402
 from llm_marl.policies.tabular import TabularPolicy  # noqa: E402
 from llm_marl.policies.tabular_critic import TabularCritic  # noqa: E402
 from toy_tasks import MENU, ColourMatch, Scheduled  # noqa: E402
+from resumed import uninterrupted_and_resumed  # noqa: E402
 
 LOG_THIRD = math.log(1 / 3)
 
@@ -241,15 +243,11 @@ def state_of(trainer):
 
 @pytest.mark.parametrize("trainer_class", [IACTrainer, MAACTrainer])
 def test_stop_resume_equals_uninterrupted_with_critics_and_their_optimizers(tmp_path, trainer_class):
-    full = colour_trainer(trainer_class, tmp_path / "full")
-    full.train()
-    first = colour_trainer(trainer_class, tmp_path / "split", max_steps=3)
-    first.train()
-    assert 3 <= first.state.global_step < full.state.global_step
-    assert any(name.startswith("critic_0_optimizer") for name in __import__("os").listdir(first.state.last_checkpoint))
-    resumed = colour_trainer(trainer_class, tmp_path / "split")
-    resumed.train(resume_from_checkpoint=True)
-    assert resumed.state.global_step == full.state.global_step
+    def critic_optimizers_saved(stopped):
+        assert any(name.startswith("critic_0_optimizer") for name in os.listdir(stopped.state.last_checkpoint))
+
+    full, resumed = uninterrupted_and_resumed(lambda out, **kw: colour_trainer(trainer_class, out, **kw), tmp_path, max_steps=3,
+                                              on_stopped=critic_optimizers_saved)
     a, b = state_of(full), state_of(resumed)
     assert a.keys() == b.keys() and any(k.startswith("critic_opt") for k in a)
     for key in a:

@@ -19,6 +19,7 @@ from llm_marl.advantages import k3_kl
 from llm_marl.learners.tree import grow_trees
 from llm_marl.policies import AdapterPolicy, CausalLMPolicy, LoRATeam, Policy
 from llm_marl.tasks.function_task import FunctionTask
+from resumed import uninterrupted_and_resumed
 
 torch.set_num_threads(1)
 
@@ -352,16 +353,9 @@ def test_resume_is_exact_for_adapters_and_their_optimizers(model_dir, tmp_path):
     def make(output_dir, **overrides):
         team = team_of(model_dir, agents=AGENTS[:2], max_new_tokens=4)
         args = config(output_dir=str(output_dir), save_steps=1, num_train_epochs=2, reference_kl_enabled=True, **overrides)
-        return MAGRPOTrainer(env=multi_turn_env(), policies=team.policies, args=args), team
+        return MAGRPOTrainer(env=multi_turn_env(), policies=team.policies, args=args)
 
-    full, full_team = make(tmp_path / "full")
-    full.train()
-    first, _ = make(tmp_path / "split", max_steps=2)
-    first.train()
-    assert 0 < first.state.global_step < full.state.global_step
-    resumed, resumed_team = make(tmp_path / "split")
-    resumed.train(resume_from_checkpoint=True)
-    assert resumed.state.global_step == full.state.global_step
+    full, resumed = uninterrupted_and_resumed(make, tmp_path, max_steps=2)
     for agent in AGENTS[:2]:
         a, b = full.policies[agent].state_dict(), resumed.policies[agent].state_dict()
         assert set(a) == set(b) and all(torch.equal(a[n], b[n]) for n in a), agent

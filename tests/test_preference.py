@@ -31,6 +31,7 @@ from llm_marl.policies.base import Completion  # noqa: E402
 from llm_marl.policies.tabular import TabularPolicy  # noqa: E402
 from llm_marl.tasks.matrix import CLIMBING  # noqa: E402
 from toy_tasks import MENU as COLOURS, ColourMatch, reward_blind_pairs  # noqa: E402
+from resumed import uninterrupted_and_resumed  # noqa: E402
 
 MENU = ("alpha", "beta", "gamma")
 
@@ -230,15 +231,11 @@ def colour_madpo(output_dir, **overrides):
 
 @pytest.mark.parametrize("refresh", ["epoch", "once"])
 def test_stop_resume_equals_uninterrupted(tmp_path, refresh):
-    full = colour_madpo(tmp_path / "full", preference_refresh=refresh)
-    full.train()
-    first = colour_madpo(tmp_path / "split", max_steps=3, preference_refresh=refresh)
-    first.train()
-    assert 3 <= first.state.global_step < full.state.global_step
-    assert first.state.epoch >= 1  # the "once" store is used after the resume
-    resumed = colour_madpo(tmp_path / "split", preference_refresh=refresh)
-    resumed.train(resume_from_checkpoint=True)
-    assert resumed.state.global_step == full.state.global_step
+    def past_the_first_epoch(stopped):
+        assert stopped.state.epoch >= 1  # the "once" store is used after the resume
+
+    full, resumed = uninterrupted_and_resumed(lambda out, **kw: colour_madpo(out, preference_refresh=refresh, **kw), tmp_path,
+                                              max_steps=3, on_stopped=past_the_first_epoch)
     for agent in full.agents:
         assert torch.equal(full.policies[agent].logits, resumed.policies[agent].logits), agent
         assert not torch.equal(full.policies[agent].logits, torch.zeros_like(full.policies[agent].logits))

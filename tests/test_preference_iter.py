@@ -29,6 +29,7 @@ from llm_marl.policies.base import Completion  # noqa: E402
 from llm_marl.policies.tabular import TabularPolicy  # noqa: E402
 from llm_marl.tasks.matrix import CLIMBING  # noqa: E402
 from toy_tasks import MENU as COLOURS, ColourMatch  # noqa: E402
+from resumed import uninterrupted_and_resumed  # noqa: E402
 
 MENU = ("alpha", "beta", "gamma")
 CURRENT, COMPARATOR = [1.0, 3.0, 2.0, 0.0], [2.0, 1.0, 2.0, 5.0]
@@ -127,14 +128,7 @@ def colour_iter(trainer_class, config_class, output_dir, **overrides):
 
 @pytest.mark.parametrize("trainer_class,config_class", [(MADPOIterTrainer, MADPOIterConfig), (MARLHFIterTrainer, MARLHFIterConfig)])
 def test_stop_resume_equals_uninterrupted(tmp_path, trainer_class, config_class):
-    full = colour_iter(trainer_class, config_class, tmp_path / "full")
-    full.train()
-    first = colour_iter(trainer_class, config_class, tmp_path / "split", max_steps=3)
-    first.train()
-    assert 3 <= first.state.global_step < full.state.global_step
-    resumed = colour_iter(trainer_class, config_class, tmp_path / "split")
-    resumed.train(resume_from_checkpoint=True)
-    assert resumed.state.global_step == full.state.global_step
+    full, resumed = uninterrupted_and_resumed(lambda out, **kw: colour_iter(trainer_class, config_class, out, **kw), tmp_path, max_steps=3)
     for agent in full.agents:
         assert torch.equal(full.policies[agent].logits, resumed.policies[agent].logits), agent
     assert [len(r) for r in full.rounds.rounds] == [len(r) for r in resumed.rounds.rounds]

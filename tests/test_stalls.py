@@ -24,6 +24,7 @@ from llm_marl.policies.base import Completion  # noqa: E402
 from llm_marl.policies.tabular import TabularPolicy  # noqa: E402
 from llm_marl.rollouts import RolloutNode  # noqa: E402
 from toy_tasks import MENU, ColourMatch  # noqa: E402
+from resumed import uninterrupted_and_resumed  # noqa: E402
 
 
 def trainer(**overrides):
@@ -139,18 +140,12 @@ def test_dynamic_sampling_budget_zero_changes_nothing():
 
 def assert_stop_and_resume_is_exact(tmp_path, **options):
     """A run stopped after 2 optimizer steps and resumed ends with the uninterrupted run's logits."""
-    def build(folder, **overrides):
-        return trainer(num_train_epochs=2, output_dir=str(tmp_path / folder), save_steps=1, save_total_limit=None,
-                       **options, **overrides)
+    def build(output_dir, **overrides):
+        return trainer(num_train_epochs=2, output_dir=str(output_dir), save_steps=1, save_total_limit=None, **options, **overrides)
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        full = build("full")
-        full.train()
-        build("split", max_steps=2).train()
-        resumed = build("split")
-        resumed.train(resume_from_checkpoint=True)
-    assert resumed.state.global_step == full.state.global_step > 2
+        full, resumed = uninterrupted_and_resumed(build, tmp_path, max_steps=2)
     for agent in ("left", "right"):
         assert torch.equal(resumed.policies[agent].logits, full.policies[agent].logits)
 
