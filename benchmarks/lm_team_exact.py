@@ -20,7 +20,8 @@ payoff); ``imitate``, cross-entropy on each deal's (player 1: each prompt's) bes
 by the chance ``1 - (1 - pi(best))^K`` that K draws contain it, the expectation of
 ``advantage_mode="best"``; ``imitate-card`` (player 0), the same on each card's best answer by
 its credit averaged over player 1's cards (a group of every answer to one prompt, not one deal). ``--partner1 optimal`` fixes player 1 at the optimal convention's
-answers (player 0 alone); ``--alternate N`` lets one player step at a time, N steps each, player 1
+answers (player 0 alone); ``--floor1 f`` mixes player 1's menu distribution with the uniform one
+(weight f), so that no answer falls below f/3; ``--alternate N`` lets one player step at a time, N steps each, player 1
 first. AdamW without weight decay, as the trainer's.
 
 Each printed line: the exact return, ``pi0`` per card, ``pi1`` per prompt ``<card><move>``::
@@ -72,6 +73,7 @@ def main() -> None:
     parser.add_argument("--lr1", type=float, default=1e-4)
     parser.add_argument("--k", type=int, default=4, help="K: player 1's draws behind a credit, and the draws of the imitate rule")
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--floor1", type=float, default=0.0, help="player 1's policy is (1 - f) x the adapter's menu distribution + f / 3: no answer below f / 3")
     parser.add_argument("--alternate", type=int, default=0, help="N > 0: only player 1 steps for N steps, then only player 0 for N, and so on")
     parser.add_argument("--print-every", type=int, default=2)
     ns = parser.parse_args()
@@ -97,6 +99,8 @@ def main() -> None:
         for step in range(ns.steps + 1):
             log0 = policy0.log_probs([p for p in prompts0 for _ in moves0], [Completion(m) for _ in prompts0 for m in moves0]).view(2, 3)
             log1 = policy1.log_probs([p for p in prompts1 for _ in moves1], [Completion(m) for _ in prompts1 for m in moves1]).view(6, 3)
+            if ns.floor1:
+                log1 = torch.log((1 - ns.floor1) * log1.exp() + ns.floor1 / 3)
             pi0 = log0.detach().exp().tolist()
             pi1 = {key: row for key, row in zip(keys1, log1.detach().exp().tolist())}
             if ns.partner1 == "optimal":
