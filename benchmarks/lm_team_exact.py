@@ -19,7 +19,8 @@ Rules (``--rule0``, ``--rule1``): ``pg``, the exact policy gradient of the credi
 payoff); ``imitate``, cross-entropy on each deal's (player 1: each prompt's) best answer weighted
 by the chance ``1 - (1 - pi(best))^K`` that K draws contain it, the expectation of
 ``advantage_mode="best"``; ``imitate-card`` (player 0), the same on each card's best answer by
-its credit averaged over player 1's cards (a group of every answer to one prompt, not one deal). ``--partner1 optimal`` fixes player 1 at the optimal convention's
+its credit averaged over player 1's cards (a group of every answer to one prompt, not one deal).
+``--unweighted`` drops the chance-in-K-draws weight (cross-entropy on the best answer). ``--partner1 optimal`` fixes player 1 at the optimal convention's
 answers (player 0 alone); ``--floor1 f`` mixes player 1's menu distribution with the uniform one
 (weight f), so that no answer falls below f/3; ``--alternate N`` lets one player step at a time, N steps each, player 1
 first. AdamW without weight decay, as the trainer's.
@@ -68,6 +69,7 @@ def main() -> None:
     parser.add_argument("--tau", type=float, default=0.5, help="temperature of the soft maxima")
     parser.add_argument("--rule0", choices=["pg", "imitate", "imitate-card"], default="pg")
     parser.add_argument("--rule1", choices=["pg", "imitate"], default="pg")
+    parser.add_argument("--unweighted", action="store_true", help="imitation without the chance-in-K-draws weight (cross-entropy on the best answer)")
     parser.add_argument("--partner1", choices=["learning", "optimal"], default="learning")
     parser.add_argument("--lr0", type=float, default=1e-4)
     parser.add_argument("--lr1", type=float, default=1e-4)
@@ -89,6 +91,10 @@ def main() -> None:
     prompts0 = [f"tiny_hanabi_E: you are player 0.\np0:d{c0}\nWhich move do you make? Choose one of: {', '.join(moves0)}." for c0 in (0, 1)]
     keys1 = [(c1, a0) for c1 in (0, 1) for a0 in range(3)]
     prompts1 = [f"tiny_hanabi_E: you are player 1.\np1:d{c1} p0:a{a0}\nWhich move do you make? Choose one of: {', '.join(moves1)}." for c1, a0 in keys1]
+    def drawn(p: float) -> float:
+        """The imitate rules' weight of a best answer of probability p: the chance K draws contain it."""
+        return 1.0 if ns.unweighted else 1 - (1 - p) ** ns.k
+
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as out:
         trainer = bench.build({**bench.RUN, "choice_answers": True, "seed": 0, "output_dir": out, "num_threads": 1}, None)
@@ -121,7 +127,7 @@ def main() -> None:
                     values = [(per_deal[0][a0] + per_deal[1][a0]) / 2 for a0 in range(3)]
                     if max(values) > min(values) + 1e-9:
                         best = values.index(max(values))
-                        loss0 = loss0 - 0.5 * (1 - (1 - pi0[c0][best]) ** ns.k) * log0[c0, best]
+                        loss0 = loss0 - 0.5 * drawn(pi0[c0][best]) * log0[c0, best]
                     continue
                 for c1 in (0, 1):
                     values = per_deal[c1]
@@ -129,7 +135,7 @@ def main() -> None:
                         loss0 = loss0 - 0.25 * sum(log0[c0, a0].exp() * values[a0] for a0 in range(3))
                     elif max(values) > min(values) + 1e-9:
                         best = values.index(max(values))
-                        loss0 = loss0 - 0.25 * (1 - (1 - pi0[c0][best]) ** ns.k) * log0[c0, best]
+                        loss0 = loss0 - 0.25 * drawn(pi0[c0][best]) * log0[c0, best]
             if 0 in moving:
                 opt0.zero_grad()
                 loss0.backward()
@@ -146,7 +152,7 @@ def main() -> None:
                     loss1 = loss1 - sum(weights) * sum(log1[i, a1].exp() * values[a1] for a1 in range(3))
                 elif max(values) > min(values) + 1e-9:
                     best = values.index(max(values))
-                    loss1 = loss1 - sum(weights) * (1 - (1 - pi1[(c1, a0)][best]) ** ns.k) * log1[i, best]
+                    loss1 = loss1 - sum(weights) * drawn(pi1[(c1, a0)][best]) * log1[i, best]
             opt1.zero_grad()
             loss1.backward()
             opt1.step()
