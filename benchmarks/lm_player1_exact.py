@@ -71,10 +71,10 @@ def main() -> None:
 
     weights, values = prompt_values(bench, ns.partner)
     names = ["p1a0", "p1a1", "p1a2"]
-    prompts = {k: f"tiny_hanabi_E: you are player 1.\np1:d{k[0]} p0:a{k[1]}\nWhich move do you make? Choose one of: {', '.join(names)}." for k in values}
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as out:
         trainer = bench.build({**bench.RUN, "choice_answers": True, "seed": 0, "output_dir": out, "num_threads": 1}, ns.partner)
+        _, prompts = bench.game_prompts(trainer)
         policy = trainer.policies["player_1"]
         optimizer = torch.optim.AdamW([p for p in policy.parameters() if p.requires_grad], lr=ns.lr, weight_decay=0.0)
 

@@ -1,6 +1,6 @@
 """Both players of Tiny Hanabi game E trained by expected updates, without sampling.
 
-The diagnostic behind docs/games.md, "One card prompt, one move": the two SmolLM2 LoRA adapters of
+The diagnostic behind docs/games.md, "Why player 0 does not pass the safe convention": the two SmolLM2 LoRA adapters of
 ``benchmarks/lm_tiny_hanabi.py --set choice_answers=true`` (:class:`~llm_marl.policies.choice.ChoicePolicy`,
 score temperature 0.7), each step updated by the *expected* update of a rule over every deal and
 every answer of both menus, so that what a run does is what the rule does with this model, not
@@ -20,10 +20,12 @@ payoff); ``imitate``, cross-entropy on each deal's (player 1: each prompt's) bes
 by the chance ``1 - (1 - pi(best))^K`` that K draws contain it, the expectation of
 ``advantage_mode="best"``; ``imitate-card`` (player 0), the same on each card's best answer by
 its credit averaged over player 1's cards (a group of every answer to one prompt, not one deal).
-``--unweighted`` drops the chance-in-K-draws weight (cross-entropy on the best answer). ``--partner1 optimal`` fixes player 1 at the optimal convention's
-answers (player 0 alone); ``--floor1 f`` mixes player 1's menu distribution with the uniform one
-(weight f), so that no answer falls below f/3; ``--alternate N`` lets one player step at a time, N steps each, player 1
-first. AdamW without weight decay, as the trainer's.
+``--unweighted`` drops the chance-in-K-draws weight (cross-entropy on the best answer).
+``--partner1 optimal`` fixes player 1 at the optimal convention's answers (player 0 alone);
+``--floor1 f`` mixes player 1's menu distribution with the uniform one (weight f), so that no
+answer falls below f/3; ``--alternate N`` lets one player step at a time, N steps each, player 1
+first. AdamW without weight decay, as the trainer's. The prompts are the env's own
+(``lm_tiny_hanabi.game_prompts``).
 
 Each printed line: the exact return, ``pi0`` per card, ``pi1`` per prompt ``<card><move>``::
 
@@ -36,15 +38,19 @@ from __future__ import annotations
 import argparse
 import itertools
 import math
+import os
 import sys
 import tempfile
 import time
 
-from lm_player1_exact import load_benchmark
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from lm_player1_exact import load_benchmark  # noqa: E402
 
-OPTIMAL_1 = {(0, 0): 2, (1, 0): 0, (0, 1): 1, (1, 1): 1, (0, 2): 0, (1, 2): 2}
-"""Player 1's best answer at ``(its card, player 0's move)`` against the optimal convention
-(card 0 -> p0a2, card 1 -> p0a0); after p0a1, p1a1 (8 on every deal)."""
+
+def optimal_answers(bench) -> dict[tuple[int, int], int]:
+    """Player 1's answer at each ``(its card, player 0's move)``: its best against the optimal
+    convention after ``p0a0`` and ``p0a2``, and after ``p0a1`` its best against the safe one."""
+    return {**bench.best_answers("safe"), **bench.best_answers("optimal")}
 
 
 def credit(payoff: list[float], pi1: list[float], how: str, k: int, tau: float) -> float:
@@ -87,30 +93,40 @@ def main() -> None:
     from llm_marl.policies.base import Completion
 
     payoff = TINY_HANABI["E"][0]  # payoff[c0][c1][a0][a1]
-    moves0, moves1 = ["p0a0", "p0a1", "p0a2"], ["p1a0", "p1a1", "p1a2"]
-    prompts0 = [f"tiny_hanabi_E: you are player 0.\np0:d{c0}\nWhich move do you make? Choose one of: {', '.join(moves0)}." for c0 in (0, 1)]
     keys1 = [(c1, a0) for c1 in (0, 1) for a0 in range(3)]
-    prompts1 = [f"tiny_hanabi_E: you are player 1.\np1:d{c1} p0:a{a0}\nWhich move do you make? Choose one of: {', '.join(moves1)}." for c1, a0 in keys1]
-    def drawn(p: float) -> float:
-        """The imitate rules' weight of a best answer of probability p: the chance K draws contain it."""
-        return 1.0 if ns.unweighted else 1 - (1 - p) ** ns.k
+    optimal = optimal_answers(bench)
+
+    def menu_log_probs(policy, prompts: list[str], player: int) -> torch.Tensor:
+        """``log pi(p<player>a<m> | prompt)``, one row per prompt (differentiable)."""
+        moves = [f"p{player}a{m}" for m in range(3)]
+        return policy.log_probs([p for p in prompts for _ in moves], [Completion(m) for _ in prompts for m in moves]).view(len(prompts), 3)
+
+    def imitation(values: list[float], probability: list[float], log_row: torch.Tensor) -> torch.Tensor:
+        """The imitate rules' loss at one group: minus the log-probability of the best-valued
+        answer, weighted by the chance that K draws contain it (1 with ``--unweighted``); 0 when
+        the values tie."""
+        if max(values) <= min(values) + 1e-9:
+            return torch.zeros(())
+        best = values.index(max(values))
+        return -(1.0 if ns.unweighted else 1 - (1 - probability[best]) ** ns.k) * log_row[best]
 
     torch.manual_seed(0)
     with tempfile.TemporaryDirectory() as out:
         trainer = bench.build({**bench.RUN, "choice_answers": True, "seed": 0, "output_dir": out, "num_threads": 1}, None)
         policy0, policy1 = trainer.policies["player_0"], trainer.policies["player_1"]
+        by_card, by_prompt = bench.game_prompts(trainer)
+        prompts0, prompts1 = [by_card[c0] for c0 in (0, 1)], [by_prompt[key] for key in keys1]
         opt0 = torch.optim.AdamW([p for p in policy0.parameters() if p.requires_grad], lr=ns.lr0, weight_decay=0.0)
         opt1 = torch.optim.AdamW([p for p in policy1.parameters() if p.requires_grad], lr=ns.lr1, weight_decay=0.0)
         start = time.time()
         for step in range(ns.steps + 1):
-            log0 = policy0.log_probs([p for p in prompts0 for _ in moves0], [Completion(m) for _ in prompts0 for m in moves0]).view(2, 3)
-            log1 = policy1.log_probs([p for p in prompts1 for _ in moves1], [Completion(m) for _ in prompts1 for m in moves1]).view(6, 3)
+            log0, log1 = menu_log_probs(policy0, prompts0, 0), menu_log_probs(policy1, prompts1, 1)
             if ns.floor1:
                 log1 = torch.log((1 - ns.floor1) * log1.exp() + ns.floor1 / 3)
             pi0 = log0.detach().exp().tolist()
             pi1 = {key: row for key, row in zip(keys1, log1.detach().exp().tolist())}
             if ns.partner1 == "optimal":
-                pi1 = {key: [float(a == OPTIMAL_1[key]) for a in range(3)] for key in keys1}
+                pi1 = {key: [float(a == optimal[key]) for a in range(3)] for key in keys1}
             exact = sum(0.25 * pi0[c0][a0] * pi1[(c1, a0)][a1] * payoff[c0][c1][a0][a1]
                         for c0 in (0, 1) for c1 in (0, 1) for a0 in range(3) for a1 in range(3))
             if step % ns.print_every == 0 or step == ns.steps:
@@ -124,18 +140,13 @@ def main() -> None:
             for c0 in (0, 1):
                 per_deal = [[credit(payoff[c0][c1][a0], pi1[(c1, a0)], ns.credit, ns.k, ns.tau) for a0 in range(3)] for c1 in (0, 1)]
                 if ns.rule0 == "imitate-card":
-                    values = [(per_deal[0][a0] + per_deal[1][a0]) / 2 for a0 in range(3)]
-                    if max(values) > min(values) + 1e-9:
-                        best = values.index(max(values))
-                        loss0 = loss0 - 0.5 * drawn(pi0[c0][best]) * log0[c0, best]
+                    loss0 = loss0 + 0.5 * imitation([(per_deal[0][a0] + per_deal[1][a0]) / 2 for a0 in range(3)], pi0[c0], log0[c0])
                     continue
-                for c1 in (0, 1):
-                    values = per_deal[c1]
+                for values in per_deal:
                     if ns.rule0 == "pg":
                         loss0 = loss0 - 0.25 * sum(log0[c0, a0].exp() * values[a0] for a0 in range(3))
-                    elif max(values) > min(values) + 1e-9:
-                        best = values.index(max(values))
-                        loss0 = loss0 - 0.25 * drawn(pi0[c0][best]) * log0[c0, best]
+                    else:
+                        loss0 = loss0 + 0.25 * imitation(values, pi0[c0], log0[c0])
             if 0 in moving:
                 opt0.zero_grad()
                 loss0.backward()
@@ -150,9 +161,8 @@ def main() -> None:
                 values = [sum(w * payoff[c0][c1][a0][a1] for c0, w in enumerate(weights)) / sum(weights) for a1 in range(3)]
                 if ns.rule1 == "pg":
                     loss1 = loss1 - sum(weights) * sum(log1[i, a1].exp() * values[a1] for a1 in range(3))
-                elif max(values) > min(values) + 1e-9:
-                    best = values.index(max(values))
-                    loss1 = loss1 - sum(weights) * drawn(pi1[(c1, a0)][best]) * log1[i, best]
+                else:
+                    loss1 = loss1 + sum(weights) * imitation(values, pi1[(c1, a0)], log1[i])
             opt1.zero_grad()
             loss1.backward()
             opt1.step()

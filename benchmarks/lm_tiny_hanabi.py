@@ -129,28 +129,37 @@ def best_answers(convention: str) -> dict[tuple[int, int], int]:
     return best
 
 
+def game_prompts(trainer) -> tuple[dict[int, str], dict[tuple[int, int], str]]:
+    """Every prompt of game E as the trainer's eval env words it: player 0's by its card, player
+    1's by (its card, player 0's move)."""
+    import re
+
+    prompts: tuple[dict, dict] = ({}, {})
+
+    def record(agent: str, observation: str, legal: list[int]) -> list[float]:
+        if agent == "player_0":
+            prompts[0][int(re.search(r"p0:d(\d)", observation).group(1))] = observation
+        else:
+            card, move = map(int, re.search(r"p1:d(\d) p0:a(\d)", observation).groups())
+            prompts[1][(card, move)] = observation
+        return [1.0 / len(legal)] * len(legal)
+
+    trainer.eval_env.expected_return(record)  # visits every prompt of both players
+    return prompts
+
+
 def supervised_steps(trainer, convention: str, learning_rate: float = 1e-3, limit: int = 100) -> list[dict]:
     """Player 1's adapter trained by cross-entropy on its best answers against ``convention``
     (:func:`best_answers`; all its prompts in every AdamW step), the capacity check of
     docs/games.md: after each step, the probability of each prompt's right answer (its move's
     name as the whole answer; ``right``, rounded, and ``log_prob``). Stops once every one is above
     0.9, or after ``limit`` steps."""
-    import re
-
     import torch
 
     from llm_marl.policies.base import Completion
 
-    env, policy = trainer.eval_env, trainer.policies["player_1"]
-    prompts = {}
-
-    def record(agent: str, observation: str, legal: list[int]) -> list[float]:
-        if agent == "player_1":
-            card, move = map(int, re.search(r"p1:d(\d) p0:a(\d)", observation).groups())
-            prompts[(card, move)] = observation
-        return [1.0 / len(legal)] * len(legal)
-
-    env.expected_return(record)  # visits every prompt of player 1
+    policy = trainer.policies["player_1"]
+    _, prompts = game_prompts(trainer)
     targets = best_answers(convention)
     keys = sorted(targets)
     answers = [Completion(f"p1a{targets[k]}", token_ids=tuple(policy.tokenizer(f"p1a{targets[k]}", add_special_tokens=False)["input_ids"])) for k in keys]
