@@ -85,6 +85,18 @@ def main() -> None:
     parser.add_argument("--alternate", type=int, default=0, help="N > 0: only player 1 steps for N steps, then only player 0 for N, and so on")
     parser.add_argument("--print-every", type=int, default=2)
     ns = parser.parse_args()
+    for name, value, ok, what in [
+        ("--tau", ns.tau, ns.tau > 0, "> 0"),
+        ("--lr0", ns.lr0, ns.lr0 > 0, "> 0"),
+        ("--lr1", ns.lr1, ns.lr1 > 0, "> 0"),
+        ("--k", ns.k, ns.k >= 1, ">= 1"),
+        ("--steps", ns.steps, ns.steps >= 0, ">= 0"),
+        ("--floor1", ns.floor1, 0 <= ns.floor1 < 1, "in [0, 1)"),
+        ("--alternate", ns.alternate, ns.alternate >= 0, ">= 0"),
+        ("--print-every", ns.print_every, ns.print_every >= 1, ">= 1"),
+    ]:
+        if not ok:
+            parser.error(f"{name} must be {what}, got {value}")
     bench = load_benchmark()
     bench.print_machine()
     import torch
