@@ -256,7 +256,7 @@ def test_the_code_tasks_old_module_level_names_still_import():
 
 # --- the rooms: learners/ by family beside the shared core, runs/ what a run leaves behind ------------
 
-LEARNERS_CORE = {"__init__", "config", "config_types", "config_docs", "tree", "buffer", "update", "evaluation", "checks", "advantages", "stalls", "staleness"}
+LEARNERS_CORE = {"__init__", "config", "config_types", "config_docs", "tree", "buffer", "update", "evaluation", "checks", "advantages", "stalls", "staleness", "natural_gradient"}
 FAMILIES = {
     "reinforce": {"__init__", "trainer", "config", "centralized"},
     "actor_critic": {"__init__", "trainer", "config", "math"},

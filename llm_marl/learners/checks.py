@@ -12,10 +12,15 @@
   those agents would then step the same weights: ``ValueError`` naming the agents (pass a copy,
   e.g. ``copy.deepcopy(policy)``). A policy without trainable parameters (a scripted partner)
   may serve several agents.
+- **Menu policies** (``natural_gradient=True``): every trained policy must answer from a menu
+  (``menu_logits``: a ``TabularPolicy``, or a language model with ``choice_answers``), else
+  ``TypeError`` naming the agent; with an optimizer other than SGD a warning says that AdamW's
+  per-coordinate scaling undoes the preconditioning.
 """
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Mapping
 
 
@@ -63,3 +68,21 @@ def check_policies(policies: Mapping[str, Any]) -> None:
                     f"agents {first!r} and {agent!r} were given {same}: they would both step one set of "
                     f"weights; give each agent its own copy (e.g. copy.deepcopy)"
                 )
+
+
+def check_menu_policies(policies: Mapping[str, Any], optim: str) -> None:
+    """For ``natural_gradient``: raise TypeError naming an agent whose trained policy has no
+    ``menu_logits``; warn when ``optim`` is not "sgd"."""
+    for agent, policy in policies.items():
+        trained = any(p.requires_grad for p in policy.parameters())
+        if trained and not hasattr(policy, "menu_logits"):
+            raise TypeError(
+                f"natural_gradient needs policies that answer from a menu (a TabularPolicy, or a language model with "
+                f"choice_answers=True); agent {agent!r} has a {type(policy).__name__}"
+            )
+    if optim != "sgd":
+        warnings.warn(
+            f"natural_gradient with optim={optim!r}: the preconditioned gradient makes a step move the menu logits as "
+            f"a table's would under SGD; AdamW rescales each coordinate and undoes that (use optim='sgd')",
+            stacklevel=3,
+        )

@@ -178,8 +178,14 @@ class MAGRPOConfig:
     """Learning rate of each agent's optimizer, in the env's agent order (e.g. 0.03,0.3: the second agent learns ten times faster, two timescales); None: agent_learning_rate for every agent."""
     agent_advantage_normalization: Sequence[bool] | None = None
     """advantage_normalization of each agent, in the env's agent order (e.g. false,true: the first agent's groups keep their returns' scale, the second's are divided by their std); None: advantage_normalization for every agent."""
+    agent_rollout_buffer_sizes: Sequence[int] | None = None
+    """rollout_buffer_size of each agent, in the env's agent order (e.g. 16,64 in a two-player turn-based tree with K = 4, where the second player gets K groups for each of the first's: both then step once a batch of 16 items); with train_batch_size None each agent's mini-batches are its own size; None: rollout_buffer_size for every agent."""
     optim: str = "adamw_torch"
     """The agents' default optimizer (and the critics'): "adamw_torch" (AdamW) or "sgd" (plain stochastic gradient descent, weight_decay as L2)."""
+    natural_gradient: bool = False
+    """Precondition each agent's gradient so that a step moves its menu logits as a table's would (Gauss-Newton in function space, llm_marl/learners/natural_gradient.py): for menu policies (tabular, choice_answers), with optim "sgd"; max_grad_norm then clips the preconditioned gradient."""
+    natural_gradient_damping: float = 1e-5
+    """With natural_gradient: the damping lam, as a fraction of the mean diagonal of the logits' kernel J J^T (> 0; smaller follows the table more closely and takes larger weight steps)."""
 
     def __post_init__(self) -> None:
         self.validate()
@@ -188,6 +194,11 @@ class MAGRPOConfig:
         """The learning rate of the agent at ``position`` in the env's agent order:
         ``agent_learning_rates[position]``, or ``agent_learning_rate`` when that is None."""
         return self.agent_learning_rate if self.agent_learning_rates is None else self.agent_learning_rates[position]
+
+    def rollout_buffer_size_of(self, position: int) -> int:
+        """The buffer size of the agent at ``position`` in the env's agent order:
+        ``agent_rollout_buffer_sizes[position]``, or ``rollout_buffer_size`` when that is None."""
+        return self.rollout_buffer_size if self.agent_rollout_buffer_sizes is None else self.agent_rollout_buffer_sizes[position]
 
     def advantage_normalization_of(self, position: int) -> bool:
         """Whether the groups of the agent at ``position`` in the env's agent order are divided by
@@ -275,7 +286,15 @@ class MAGRPOConfig:
                 if not (math.isfinite(rate) and rate > 0):
                     raise ValueError(f"agent_learning_rates[{i}] must be a number > 0, got {rate!r}")
         _one_per_agent(self, "agent_advantage_normalization", "true/false")
+        _one_per_agent(self, "agent_rollout_buffer_sizes", "size")
+        for i, size in enumerate(self.agent_rollout_buffer_sizes or []):
+            if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+                raise ValueError(f"agent_rollout_buffer_sizes[{i}] must be an int >= 1, got {size!r}")
         _one_of(self, "optim", OPTIMIZERS)
+        _positive(self, "natural_gradient_damping")
+        _finite(self, "natural_gradient_damping")
+        if self.natural_gradient and self.fsdp:
+            raise ValueError("natural_gradient=True needs each agent's whole gradient on every rank; fsdp=True shards it: choose one")
         _one_of(self, "parallel_training", PARALLEL_MODES)
         _one_of(self, "logprob_reduction", LOGPROB_REDUCTIONS)
         _one_of(self, "reward_error_policy", ERROR_POLICIES)

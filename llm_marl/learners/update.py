@@ -22,6 +22,7 @@ import torch
 
 from llm_marl.advantages import answer_entropies, sample_losses
 from llm_marl.learners.buffer import Sample
+from llm_marl.learners.natural_gradient import precondition
 from llm_marl.learners.staleness import SamplerStalenessError, StalenessChecks
 from llm_marl.learners.stalls import entropy_coefficient
 from llm_marl.learners.tree import ask_team
@@ -123,8 +124,17 @@ class JointUpdate(StalenessChecks):
             return False
         return True
 
+    def _buffer_size(self, agent: str) -> int:
+        """``agent``'s rollout_buffer_size (``agent_rollout_buffer_sizes`` where set)."""
+        of = getattr(self.args, "rollout_buffer_size_of", None)
+        return self.args.rollout_buffer_size if of is None else of(self.agent_ids.index(agent))
+
+    def _train_batch_size(self, agent: str) -> int:
+        """``agent``'s samples per optimizer step: train_batch_size, else its buffer size."""
+        return self._buffer_size(agent) if self.args.train_batch_size is None else self.args.train_batch_size
+
     def _buffer_full(self, agent: str) -> bool:
-        return len(self.buffers[agent]) >= self.args.rollout_buffer_size
+        return len(self.buffers[agent]) >= self._buffer_size(agent)
 
     def _buffers_full(self) -> bool:
         """Whether an update is due: some agent's buffer holds ``rollout_buffer_size`` samples.
@@ -165,9 +175,8 @@ class JointUpdate(StalenessChecks):
                     policy = self.policies[agent]
                     if hasattr(policy, "pending_observations"):
                         policy.add_observations(self.dist.union(policy.pending_observations()))
-            size = self.args.resolved_train_batch_size
             chosen = [agent for agent in self.agent_ids if not full_only or self.dist.max(int(self._buffer_full(agent)))]
-            batches = {agent: self._minibatches(agent, size) if agent in chosen else [] for agent in self.agent_ids}
+            batches = {agent: self._minibatches(agent, self._train_batch_size(agent)) if agent in chosen else [] for agent in self.agent_ids}
             counts = {agent: self.dist.max(len(batches[agent])) for agent in self.agent_ids}
             first = 0
         for i in range(first, max(counts.values())):
@@ -331,7 +340,7 @@ class JointUpdate(StalenessChecks):
         optimizer, params = self.optimizer_by_agent[agent], self.trainable[agent]
         if done is not None:  # back-propagated with its team: only sum over ranks, check and clip
             local, log_prob_mean = done
-            return self._gradient(f"agent {agent!r}", params, local.detach(), batch, log_prob_mean)
+            return self._gradient(f"agent {agent!r}", params, local.detach(), batch, log_prob_mean, agent)
         total = self.dist.sum(len(batch))
         optimizer.zero_grad(set_to_none=True)
         local = torch.zeros((), dtype=torch.float64)
@@ -347,7 +356,7 @@ class JointUpdate(StalenessChecks):
         finally:
             if sharded is not None:
                 sharded.reduce()  # every rank, whatever its batch held: reduce-scatter into the shards
-        return self._gradient(f"agent {agent!r}", params, local.detach() if sharded is not None else local, batch, log_prob_mean)
+        return self._gradient(f"agent {agent!r}", params, local.detach() if sharded is not None else local, batch, log_prob_mean, agent)
 
     def _loss_sum(self, agent: str, batch: list[Sample]) -> tuple[torch.Tensor, float]:
         """The sum over ``batch`` of each sample's loss mean_k(-A_k log pi(answer_k)), differentiable,
@@ -395,10 +404,12 @@ class JointUpdate(StalenessChecks):
         return coef
 
     def _gradient(
-        self, who: str, params: list[torch.nn.Parameter], local: torch.Tensor, batch: list[Sample], log_prob_mean: float | None = None
+        self, who: str, params: list[torch.nn.Parameter], local: torch.Tensor, batch: list[Sample],
+        log_prob_mean: float | None = None, agent: str | None = None,
     ) -> "_Backward":
         """Backpropagate this rank's share ``local`` of a mini-batch loss, sum the gradients of
-        ``params`` over ranks and clip them; errors name ``who``, the optimizer step and the items."""
+        ``params`` over ranks, precondition them (``agent``'s, with ``natural_gradient``) and clip
+        them; errors name ``who``, the optimizer step and the items."""
         if local.requires_grad and torch.isfinite(local):
             local.backward()
         loss = self.dist.sum(local.item())
@@ -406,6 +417,10 @@ class JointUpdate(StalenessChecks):
         if not math.isfinite(loss):
             return _Backward(loss, math.nan, log_prob_mean, f"{where}: loss is {loss}")
         self.dist.sum_gradients(params)
+        if agent is not None and getattr(self.args, "natural_gradient", False):
+            # every rank preconditions the summed gradient with the same logits and sample counts
+            observations = self.dist.gather([s.observation for s in batch])
+            precondition(self.policies[agent], params, observations, self.args.natural_gradient_damping)
         grad_norm = _grad_norm(params, self.args.max_grad_norm).item()
         if not math.isfinite(grad_norm):
             return _Backward(loss, grad_norm, log_prob_mean, f"{where}: gradient norm is {grad_norm}")

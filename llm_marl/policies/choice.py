@@ -92,6 +92,15 @@ class ChoicePolicy:
             start += len(names)
         return menus, tables
 
+    def menu_logits(self, observation: str) -> torch.Tensor:
+        """The menu's logits at ``observation`` (1-D, differentiable; ``pi`` is their softmax): each
+        choice's whole-answer log-probability, scored alone, so that each entry's gradient costs
+        one pass (:mod:`llm_marl.learners.natural_gradient`)."""
+        names = self.menu(observation)
+        logits = torch.stack([self.policy.log_probs([observation], [Completion(name)], reduction="sum")[0].float() for name in names])
+        take_token_entropy(self.policy)
+        return logits
+
     def probabilities(self, observation: str) -> dict[str, float]:
         """``pi(choice | observation)`` for each choice of the menu, without gradient."""
         with torch.no_grad():

@@ -84,6 +84,10 @@ class TabularPolicy(nn.Module):
             logits[known] = self.logits.detach()[[self.rows[keys[i]] for i in known]]
         return logits
 
+    def menu_logits(self, observation: Any) -> torch.Tensor:
+        """The logits of ``observation``'s row (differentiable; a row is assigned if it has none)."""
+        return self.logits[self.row(observation)]
+
     def probabilities(self, observation: Any) -> torch.Tensor:
         """The action distribution at ``observation`` (no gradient, no row assigned)."""
         return torch.softmax(self._logits([observation])[0], dim=-1)

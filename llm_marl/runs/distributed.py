@@ -93,6 +93,14 @@ class DistributedContext:
         dist.all_gather_object(gathered, list(keys))
         return sorted({key for part in gathered for key in part or []})
 
+    def gather(self, items: list) -> list:
+        """Every rank's ``items`` (picklable), concatenated in rank order."""
+        if not self.enabled:
+            return list(items)
+        gathered: list[list | None] = [None] * self.world_size
+        dist.all_gather_object(gathered, list(items))
+        return [item for part in gathered for item in part or []]
+
     def sum_gradients(self, parameters: Iterable[torch.nn.Parameter]) -> None:
         """Sum every parameter's gradient over ranks (a missing gradient counts as zero). FSDP
         shards (DTensors, ``fsdp=True``) are skipped: their reduce-scatter already summed them."""

@@ -582,7 +582,7 @@ class ActorCriticTrainerBase(MAGRPOTrainer):
     def _buffer_full(self, agent: str) -> bool:
         if not self._counts_answers():
             return super()._buffer_full(agent)
-        return sum(len(s.completions) for s in self.buffers[agent].samples) >= self.args.rollout_buffer_size
+        return sum(len(s.completions) for s in self.buffers[agent].samples) >= self._buffer_size(agent)
 
     def _buffers_full(self) -> bool:
         return not (self._counts_answers() and getattr(self, "_appending", False)) and super()._buffers_full()

@@ -38,7 +38,7 @@ from pettingzoo import ParallelEnv
 
 from llm_marl import cpu
 from llm_marl.learners.buffer import RolloutBuffer, Sample, node_groups, samples_from_trees
-from llm_marl.learners.checks import check_horizon, check_policies, env_horizon
+from llm_marl.learners.checks import check_horizon, check_menu_policies, check_policies, env_horizon
 from llm_marl.learners.reinforce.config import MAGRPOConfig, MAREINFORCEConfig, MARLOOConfig, MAReMaxConfig
 from llm_marl.learners.evaluation import episode_metrics, evaluate, illegal_rates
 from llm_marl.learners.evaluation import num_items as _num_items
@@ -183,6 +183,8 @@ class MAGRPOTrainer(AgentsByName, JointUpdate):
             check_horizon(self.eval_env, self.args.num_turns, "eval_env")
         self.policies = _by_agent(policies, self.agent_ids, "policies")
         check_policies(self.policies)
+        if getattr(self.args, "natural_gradient", False):
+            check_menu_policies(self.policies, getattr(self.args, "optim", "sgd"))
         if self.args.entropy_bonus_used:
             keep_entropy_differentiable(self.policies.values())
         if self.args.agent_devices is not None:
