@@ -186,6 +186,13 @@ MUTANTS: list[Mutant] = [
         ("tests/test_natural_gradient.py",),
     ),
     Mutant(
+        "distributed natural_gradient preconditions with this rank's observations only",
+        "llm_marl/learners/update.py",
+        "observations = self.dist.gather([s.observation for s in batch])",
+        "observations = [s.observation for s in batch]",
+        ("tests/test_distributed.py::test_two_ranks_precondition_with_the_natural_gradient_of_the_union",),
+    ),
+    Mutant(
         "agent_rollout_buffer_sizes is ignored: every agent gets rollout_buffer_size",
         "llm_marl/learners/config.py",
         "return self.rollout_buffer_size if self.agent_rollout_buffer_sizes is None else self.agent_rollout_buffer_sizes[position]",

@@ -24,7 +24,7 @@ import os, sys, torch
 sys.path.insert(0, {tests!r})
 torch.set_num_threads(1)
 from test_distributed import train
-trainer = train(output_dir={out!r}, items_per_step=1, rollout_buffer_size=1)
+trainer = train(output_dir={out!r}, items_per_step=1, rollout_buffer_size=1{extra})
 rank = int(os.environ["RANK"])
 policies = {{a: p.state_dict() for a, p in trainer.policies.items()}}
 torch.save({{"world_size": trainer.dist.world_size, "policies": policies}}, os.path.join({weights!r}, f"rank{{rank}}.pt"))
@@ -60,7 +60,7 @@ def test_two_gloo_ranks_match_one_process_on_the_union(tmp_path):
     out, weights = tmp_path / "ddp", tmp_path / "weights"
     weights.mkdir()
     script = tmp_path / "rank.py"
-    script.write_text(RANK_SCRIPT.format(tests=TESTS, out=str(out), weights=str(weights)))
+    script.write_text(RANK_SCRIPT.format(tests=TESTS, out=str(out), weights=str(weights), extra=""))
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
     result = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29517", str(script)],
@@ -101,6 +101,33 @@ def test_two_gloo_ranks_match_one_process_on_the_union(tmp_path):
     written = sorted(os.listdir(out))
     assert "metrics.jsonl" in written and any(name.startswith("checkpoint-") for name in written)
     assert len(os.listdir(out / "logs")) == 1
+
+
+def test_two_ranks_precondition_with_the_natural_gradient_of_the_union(tmp_path):
+    """natural_gradient under torchrun: each rank's Fisher is built from every rank's observations
+    and sample counts (DistributedContext.gather), so two ranks of one item each step as one
+    process of both items does."""
+    weights = tmp_path / "weights"
+    weights.mkdir()
+    script = tmp_path / "rank.py"
+    extra = ", natural_gradient=True, optim='sgd', agent_learning_rate=0.5"
+    script.write_text(RANK_SCRIPT.format(tests=TESTS, out=str(tmp_path / "ddp"), weights=str(weights), extra=extra))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29521", str(script)],
+        capture_output=True, text=True, timeout=300, env=env,
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rank0 = torch.load(weights / "rank0.pt", weights_only=False)["policies"]
+    single = train(items_per_step=2, rollout_buffer_size=2, natural_gradient=True, optim="sgd", agent_learning_rate=0.5)
+    plain = train(items_per_step=2, rollout_buffer_size=2, optim="sgd", agent_learning_rate=0.5)
+    distributed = TabularPolicy(MENU)
+    observations = [DialogueEnv(ColourMatch(num_items=4, num_turns=1)).reset(options={"index": i})[0] for i in range(4)]
+    for agent, policy in single.policies.items():
+        distributed.load_state_dict(rank0[agent])
+        for obs in observations:
+            assert torch.allclose(distributed.probabilities(obs[agent]), policy.probabilities(obs[agent]), atol=1e-6), (agent, obs[agent])
+        assert not torch.allclose(policy.logits, plain.policies[agent].logits, atol=1e-3)  # the preconditioner acted
 
 
 def test_mp_mode_on_cpu_devices_matches_none_mode():

@@ -93,11 +93,11 @@ class ChoicePolicy:
         return menus, tables
 
     def menu_logits(self, observation: str) -> torch.Tensor:
-        """The menu's logits at ``observation`` (1-D, differentiable; ``pi`` is their softmax): each
-        choice's whole-answer log-probability, scored alone, so that each entry's gradient costs
-        one pass (:mod:`llm_marl.learners.natural_gradient`)."""
+        """The menu's logits at ``observation`` (1-D, differentiable; ``pi`` is their softmax):
+        each choice's whole-answer log-probability, from one scoring call of the wrapped policy
+        (the prompt runs once where it shares prompts, :mod:`llm_marl.learners.natural_gradient`)."""
         names = self.menu(observation)
-        logits = torch.stack([self.policy.log_probs([observation], [Completion(name)], reduction="sum")[0].float() for name in names])
+        logits = self.policy.log_probs([observation] * len(names), [Completion(name) for name in names], reduction="sum").float()
         take_token_entropy(self.policy)
         return logits
 
