@@ -174,7 +174,7 @@ MUTANTS: list[Mutant] = [
     Mutant(
         "the natural gradient's Fisher weights every observation alike (its share of the samples ignored)",
         "llm_marl/learners/natural_gradient.py",
-        "fisher_factor(z, counts[_key(o)] / len(observations))",
+        "fisher_factor(z, counts[observation_key(o)] / len(observations))",
         "fisher_factor(z, 1.0 / len(distinct))",
         ("tests/test_natural_gradient.py",),
     ),

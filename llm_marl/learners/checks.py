@@ -82,7 +82,7 @@ def check_menu_policies(policies: Mapping[str, Any], optim: str) -> None:
             )
     if optim != "sgd":
         warnings.warn(
-            f"natural_gradient with optim={optim!r}: the preconditioned gradient makes a step move the menu logits as "
-            f"a table's would under SGD; AdamW rescales each coordinate and undoes that (use optim='sgd')",
+            f"natural_gradient with optim={optim!r}: the preconditioned gradient makes an SGD step move the menu logits "
+            f"as a table's natural gradient would; AdamW rescales each coordinate and undoes that (use optim='sgd')",
             stacklevel=3,
         )

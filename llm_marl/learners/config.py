@@ -183,9 +183,9 @@ class MAGRPOConfig:
     optim: str = "adamw_torch"
     """The agents' default optimizer (and the critics'): "adamw_torch" (AdamW) or "sgd" (plain stochastic gradient descent, weight_decay as L2)."""
     natural_gradient: bool = False
-    """Precondition each agent's gradient so that a step moves its menu logits as a table's would (Gauss-Newton in function space, llm_marl/learners/natural_gradient.py): for menu policies (tabular, choice_answers), with optim "sgd"; max_grad_norm then clips the preconditioned gradient."""
+    """Precondition each agent's gradient by its policy's Fisher matrix, computed exactly in the menu logits of the step's prompts, so that a step moves one-token-apart prompts as a table's natural gradient would (llm_marl/learners/natural_gradient.py): for menu policies (tabular, choice_answers), with optim "sgd"; max_grad_norm then clips the preconditioned gradient."""
     natural_gradient_damping: float = 1e-5
-    """With natural_gradient: the damping lam, as a fraction of the mean diagonal of the logits' kernel J J^T (> 0; smaller follows the table more closely and takes larger weight steps)."""
+    """With natural_gradient: the damping lam, as a fraction of the mean diagonal of the logits' kernel J J^T (> 0; smaller follows the table's natural gradient more closely and takes larger weight steps)."""
 
     def __post_init__(self) -> None:
         self.validate()

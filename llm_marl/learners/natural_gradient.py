@@ -39,6 +39,7 @@ from typing import Any, Sequence
 import torch
 
 from llm_marl.policies.base import take_token_entropy
+from llm_marl.policies.tabular import observation_key
 
 __all__ = ["fisher_factor", "gauss_newton_direction", "logit_jacobian", "precondition"]
 
@@ -93,11 +94,11 @@ def precondition(policy: Any, params: Sequence[torch.nn.Parameter], observations
     params = [p for p in params if p.requires_grad]
     if not params or all(p.grad is None for p in params) or not observations:
         return
-    counts = Counter(_key(o) for o in observations)
-    distinct = list({_key(o): o for o in observations}.values())
+    counts = Counter(observation_key(o) for o in observations)
+    distinct = list({observation_key(o): o for o in observations}.values())
     jacobian, tables = logit_jacobian(policy, distinct, params)
     lam = damping * float((jacobian * jacobian).sum(dim=1).mean()) if jacobian.shape[0] else 0.0
-    factors = [fisher_factor(z, counts[_key(o)] / len(observations)) for o, z in zip(distinct, tables)]
+    factors = [fisher_factor(z, counts[observation_key(o)] / len(observations)) for o, z in zip(distinct, tables)]
     fisher_rows = torch.block_diag(*factors).T @ jacobian if factors else jacobian  # L^T J
     grad = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1).double() for p in params])
     direction = gauss_newton_direction(grad, fisher_rows, lam)
@@ -107,11 +108,3 @@ def precondition(policy: Any, params: Sequence[torch.nn.Parameter], observations
         p.grad = direction[start : start + size].view_as(p).to(p.dtype).clone()
         start += size
 
-
-def _key(observation: Any) -> Any:
-    """A hashable stand-in for an observation (text as it is; arrays by their bytes)."""
-    if isinstance(observation, (str, int, float, tuple)):
-        return observation
-    from llm_marl.policies.tabular import observation_key
-
-    return observation_key(observation)

@@ -87,11 +87,7 @@ class DistributedContext:
 
     def union(self, keys: list[str]) -> list[str]:
         """The sorted union of every rank's ``keys``."""
-        if not self.enabled:
-            return sorted(set(keys))
-        gathered: list[list[str] | None] = [None] * self.world_size
-        dist.all_gather_object(gathered, list(keys))
-        return sorted({key for part in gathered for key in part or []})
+        return sorted(set(self.gather(keys)))
 
     def gather(self, items: list) -> list:
         """Every rank's ``items`` (picklable), concatenated in rank order."""
