@@ -128,11 +128,14 @@ def test_jacobian_of_a_choice_policy_matches_its_menu_log_probabilities(tiny_mod
     probabilities = policy.probabilities(prompt)
     assert torch.softmax(logits.detach(), dim=-1).tolist() == pytest.approx(list(probabilities.values()), abs=1e-6)
     params = [p for p in policy.parameters() if p.requires_grad]
-    jacobian, [table] = logit_jacobian(policy, [prompt], params)
+    other = prompt.replace("p0:d1", "p0:d0")
+    jacobian, [table, _] = logit_jacobian(policy, [prompt, other], params)
     assert table.tolist() == pytest.approx(logits.detach().double().tolist(), abs=1e-6)
-    assert jacobian.shape == (3, sum(p.numel() for p in params))
-    second = torch.autograd.grad(policy.menu_logits(prompt)[1], params)
-    assert jacobian[1].tolist() == pytest.approx(torch.cat([g.reshape(-1) for g in second]).double().tolist(), abs=1e-6)
+    assert jacobian.shape == (6, sum(p.numel() for p in params))
+    # the vmapped backward pass gives each row as its own backward pass would, in observation order
+    for row, (observation, j) in enumerate([(o, j) for o in (prompt, other) for j in range(3)]):
+        own = torch.autograd.grad(policy.menu_logits(observation)[j], params)
+        assert jacobian[row].tolist() == pytest.approx(torch.cat([g.reshape(-1) for g in own]).double().tolist(), abs=1e-6)
 
 
 def _game_e(policy_class, seed, epochs=10, **overrides):
