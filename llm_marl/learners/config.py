@@ -185,7 +185,7 @@ class MAGRPOConfig:
     natural_gradient: bool = False
     """Precondition each agent's gradient by its policy's Fisher matrix, computed exactly in the menu logits of the step's prompts, so that a step moves one-token-apart prompts as a table's natural gradient would (llm_marl/learners/natural_gradient.py): for menu policies (tabular, choice_answers), with optim "sgd"; max_grad_norm then clips the preconditioned gradient."""
     natural_gradient_damping: float = 1e-5
-    """With natural_gradient: the damping lam, as a fraction of the mean diagonal of the logits' kernel J J^T (> 0; smaller follows the table's natural gradient more closely and takes larger weight steps)."""
+    """With natural_gradient: the damping lam, as a fraction of the mean diagonal of the logits' kernel J J^T (> 0; smaller follows the table's natural gradient more closely and takes larger weight steps; a language model's choice answers want 1e-3, where a step stays in the regime its linearization describes: docs/games.md, "Damping 1e-3")."""
 
     def __post_init__(self) -> None:
         self.validate()
